@@ -1,0 +1,18 @@
+"""Pure-Python scheduling policy (no tensors): which requests run how many tokens in
+each step, and which KV blocks they own. Embeddable on its own."""
+from .base import Scheduler
+from .block_manager import BlockManager
+from .chunking import suggest_chunk_size
+from .config import SchedulerConfig
+from .plan import BatchPlan, PlanEntry
+from .policies import (DecodeMaximalScheduler, OrcaScheduler, RequestLevelScheduler,
+                       SarathiScheduler, VLLMScheduler)
+from .registry import available_policies, create_scheduler, get_policy, register_policy
+from .request import RequestInfo, RequestStatus
+
+__all__ = [
+    "BatchPlan", "BlockManager", "DecodeMaximalScheduler", "OrcaScheduler", "PlanEntry",
+    "RequestInfo", "RequestLevelScheduler", "RequestStatus", "SarathiScheduler",
+    "Scheduler", "SchedulerConfig", "VLLMScheduler", "available_policies",
+    "create_scheduler", "get_policy", "register_policy", "suggest_chunk_size",
+]

@@ -1,0 +1,312 @@
+"""Request lifecycle, KV blocks, preemption and in-flight plans: everything a policy
+shares. A policy only decides which requests run how many tokens in one step."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import ClassVar, Collection, Hashable
+
+from .block_manager import BlockManager
+from .config import SchedulerConfig
+from .plan import BatchPlan, PlanEntry
+from .request import Request, RequestInfo, RequestStatus
+
+RUNNING = RequestStatus.RUNNING
+
+
+class StepBuilder:
+    """A plan under construction plus the scheduler-private facts about it."""
+
+    __slots__ = ("plan", "reqs", "budget")
+
+    def __init__(self, step: int, budget: int) -> None:
+        self.plan = BatchPlan(step)
+        self.reqs: list[Request] = []  # parallel to plan.entries
+        self.budget = budget
+
+    @property
+    def budget_left(self) -> int:
+        return self.budget - self.plan.num_prefill_tokens - self.plan.num_decode_tokens
+
+    @property
+    def admission_open(self) -> bool:
+        # Admitting right after preempting would hand the blocks just freed to a
+        # newcomer and thrash; vLLM skips admission in such a step too.
+        return not self.plan.preempted
+
+
+class Scheduler(ABC):
+    """Base of every policy. Subclasses implement `_build` and may tighten
+    `check_config` / `_check_fits`."""
+
+    name: ClassVar[str] = ""
+    chunked: ClassVar[bool] = True  # False: a prefill always runs whole in one step
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self._blocks = BlockManager(config.num_blocks, config.block_size)
+        self._live: dict[Hashable, Request] = {}
+        self._done: dict[Hashable, Request] = {}  # kept for request_info until release
+        self._waiting: deque[Request] = deque()  # sorted by arrival (FCFS)
+        self._running: dict[Hashable, Request] = {}  # admission order == arrival order
+        self._pending: dict[int, list[Request]] = {}  # step -> requests of that plan
+        self._arrivals = 0
+        self._step = 0
+
+    # ----------------------------------------------------------------- config
+    @classmethod
+    def check_config(cls, config: SchedulerConfig) -> None:
+        """Raise ValueError for settings this policy can never honour."""
+        # A hybrid step carries every running decode, one token each.
+        if config.max_num_seqs > config.token_budget:
+            raise ValueError(f"max_num_seqs ({config.max_num_seqs}) must not exceed "
+                             f"token_budget ({config.token_budget}) for policy {cls.name!r}")
+
+    def _check_fits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
+        # The last generated token is never fed back, so its KV is never stored; a
+        # recompute re-prefills at most prompt + max_new_tokens - 1 tokens.
+        kv_tokens = num_prompt_tokens + max_new_tokens - 1
+        need = self._blocks.blocks_for(kv_tokens)
+        if need > self.config.num_blocks:
+            raise ValueError(
+                f"request needs {need} KV blocks (num_prompt_tokens={num_prompt_tokens} + "
+                f"max_new_tokens={max_new_tokens}) but the cache has {self.config.num_blocks}")
+        if not self.chunked and kv_tokens > self.config.token_budget:
+            raise ValueError(
+                f"policy {self.name!r} prefills whole sequences, but num_prompt_tokens="
+                f"{num_prompt_tokens} + max_new_tokens={max_new_tokens} - 1 exceeds "
+                f"token_budget ({self.config.token_budget})")
+
+    # ------------------------------------------------------------- public API
+    def add_request(self, request_id: Hashable, num_prompt_tokens: int,
+                    max_new_tokens: int) -> None:
+        if request_id in self._live:
+            raise ValueError(f"request_id {request_id!r} is already scheduled")
+        for name, value in (("num_prompt_tokens", num_prompt_tokens),
+                            ("max_new_tokens", max_new_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self._check_fits(num_prompt_tokens, max_new_tokens)
+        self._done.pop(request_id, None)
+        req = Request(request_id, num_prompt_tokens, max_new_tokens, self._arrivals,
+                      prefill_target=num_prompt_tokens)
+        self._arrivals += 1
+        self._live[request_id] = req
+        self._waiting.append(req)
+
+    def schedule(self) -> BatchPlan:
+        """Build the next step. Requests in a plan stay out of later plans until that
+        plan is passed to `update`, so several plans may be in flight (pipelining)."""
+        self._step += 1
+        b = StepBuilder(self._step, self.config.token_budget)
+        self._build(b)
+        # Prefills in progress may all wait on blocks that only they hold; with no
+        # decode to free any, preempt the newest until the oldest can move.
+        while not b.reqs and not self._pending and self._running:
+            self._preempt(next(reversed(self._running.values())), b)
+            self._build(b)
+        plan = b.plan
+        tile = self.config.tile_size
+        if tile:
+            plan.tile_padding = -plan.num_tokens % tile
+        self._pending[plan.step] = b.reqs
+        return plan
+
+    def update(self, plan: BatchPlan, stopped: Collection[Hashable] = ()) -> list[Hashable]:
+        """Complete `plan`: advance prefills, count the token each emitting entry
+        sampled, finish requests that reached max_new_tokens or are in `stopped`.
+        Returns the ids that finished."""
+        reqs = self._pending.get(plan.step)
+        if reqs is None:
+            raise ValueError(f"plan for step {plan.step} is not in flight "
+                             "(already updated, or from another scheduler)")
+        if stopped:
+            stopped = set(stopped)
+            bad = stopped - {e.request_id for e in plan.entries if e.emits_token}
+            if bad:
+                raise ValueError(f"stopped names requests that sampled no token in this "
+                                 f"plan: {sorted(map(repr, bad))}")
+        del self._pending[plan.step]
+        finished = []
+        for req, entry in zip(reqs, plan.entries):
+            req.in_flight = False
+            if req.status is not RUNNING:  # aborted while in flight
+                self._blocks.release(req.blocks)
+                continue
+            req.num_computed += entry.num_tokens
+            if entry.emits_token:
+                req.num_generated += 1
+                if req.num_generated >= req.max_new_tokens or \
+                        (stopped and req.request_id in stopped):
+                    self._retire(req, RequestStatus.FINISHED)
+                    finished.append(req.request_id)
+        return finished
+
+    def abort(self, request_id: Hashable) -> bool:
+        """Drop a request in any state; False if it is not live. The blocks of a
+        request inside an un-updated plan are freed by that plan's update, because
+        the engine may still be writing them."""
+        req = self._live.get(request_id)
+        if req is None:
+            return False
+        if req.status is RequestStatus.WAITING:
+            self._waiting.remove(req)
+        self._retire(req, RequestStatus.ABORTED)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._blocks.num_free
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_plans_in_flight(self) -> int:
+        return len(self._pending)
+
+    def block_table(self, request_id: Hashable) -> list[int]:
+        """Physical KV block ids of a live request, in sequence order (a copy)."""
+        return list(self._live[request_id].blocks)
+
+    def request_info(self, request_id: Hashable) -> RequestInfo:
+        """Snapshot of a live request, or of a finished/aborted one until `release`."""
+        req = self._live.get(request_id) or self._done.get(request_id)
+        if req is None:
+            raise KeyError(request_id)
+        return req.info()
+
+    def release(self, request_id: Hashable) -> None:
+        """Forget a finished or aborted request's info (long-running servers)."""
+        self._done.pop(request_id, None)
+
+    # ------------------------------------------------------- for the policies
+    @abstractmethod
+    def _build(self, b: StepBuilder) -> None:
+        """Add entries to `b` (via the helpers below); may be called again on the same
+        builder after a preemption."""
+
+    def _split_running(self) -> tuple[list[Request], list[Request]]:
+        """Running requests that are not in flight: (decodes, prefills), by arrival."""
+        decodes, prefills = [], []
+        for req in self._running.values():
+            if not req.in_flight:
+                (prefills if req.num_computed < req.prefill_target else decodes).append(req)
+        return decodes, prefills
+
+    def _add(self, b: StepBuilder, req: Request, n: int) -> None:
+        start = req.num_computed
+        plan = b.plan
+        if start < req.prefill_target:
+            plan.entries.append(PlanEntry(req.request_id, start, n, True,
+                                          start + n == req.prefill_target))
+            plan.num_prefill_tokens += n
+        else:
+            plan.entries.append(PlanEntry(req.request_id, start, n, False, True))
+            plan.num_decode_tokens += n
+        req.in_flight = True
+        if req.first_scheduled_step is None:
+            req.first_scheduled_step = plan.step
+        b.reqs.append(req)
+
+    def _schedule_decodes(self, b: StepBuilder, decodes: list[Request]) -> None:
+        """One token for each decode, preempting the newest running requests by
+        recompute when the cache has no block for a decode that needs one."""
+        bs = self.config.block_size
+        needy = [r for r in decodes if len(r.blocks) * bs <= r.num_computed]
+        if len(needy) <= self._blocks.num_free:
+            if needy:
+                for req, block in zip(needy, self._blocks.take(len(needy))):
+                    req.blocks.append(block)
+            for req in decodes:
+                self._add(b, req, 1)
+            return
+        for req in decodes:
+            if req.status is not RUNNING:  # preempted for an earlier decode
+                continue
+            if len(req.blocks) * bs <= req.num_computed:
+                while self._blocks.num_free == 0 and req.status is RUNNING:
+                    self._preempt(self._newest_idle(), b)
+                if req.status is not RUNNING:
+                    continue
+                req.blocks.extend(self._blocks.take(1))
+            self._add(b, req, 1)
+
+    def _newest_idle(self) -> Request:
+        """The most recently arrived running request outside every plan."""
+        for req in reversed(self._running.values()):
+            if not req.in_flight:
+                return req
+        raise AssertionError("a decode needing a block is itself idle")
+
+    def _prefill_chunk(self, b: StepBuilder, req: Request, cap: int,
+                       keep_free: int = 0) -> int:
+        """Tokens of `req`'s prefill that fit this step: at most `cap`, the budget left
+        and what the cache can hold beyond `keep_free` blocks; trimmed to a tile
+        boundary of the whole step when cut short. 0 if nothing fits."""
+        left = req.prefill_target - req.num_computed
+        room = (len(req.blocks) + self._blocks.num_free - keep_free) * self.config.block_size
+        n = min(left, cap, b.budget_left, room - req.num_computed)
+        tile = self.config.tile_size
+        if tile and 0 < n < left:
+            before = b.plan.num_prefill_tokens + b.plan.num_decode_tokens
+            aligned = (before + n) // tile * tile
+            if aligned > before:
+                n = aligned - before
+        return max(n, 0)
+
+    def _run_prefill(self, b: StepBuilder, req: Request, n: int) -> None:
+        """Reserve blocks for `n` more prefill tokens (checked by _prefill_chunk)."""
+        grown = self._blocks.grow(req.blocks, req.num_computed + n)
+        assert grown, "_prefill_chunk promised the blocks"
+        self._add(b, req, n)
+
+    def _admit_keep_free(self) -> int:
+        # The watermark only protects running requests; an empty cache admits anyone.
+        return self.config.watermark_blocks if self._running else 0
+
+    def _admit(self, b: StepBuilder, n: int) -> None:
+        """Move the head of the queue to running and give it `n` prefill tokens."""
+        req = self._waiting.popleft()
+        req.status = RUNNING
+        self._running[req.request_id] = req
+        self._run_prefill(b, req, n)
+
+    def _admit_whole_prompts(self, b: StepBuilder) -> None:
+        """FCFS admission of whole prefills (the unchunked policies)."""
+        while b.admission_open and self._waiting and \
+                len(self._running) < self.config.max_num_seqs:
+            req = self._waiting[0]
+            left = req.prefill_target
+            if self._prefill_chunk(b, req, left, self._admit_keep_free()) < left:
+                return
+            self._admit(b, left)
+
+    def _preempt(self, req: Request, b: StepBuilder) -> None:
+        """Preemption by recompute: free the KV, requeue at the front; it later
+        re-prefills prompt + generated tokens (which are kept)."""
+        self._blocks.release(req.blocks)
+        del self._running[req.request_id]
+        req.status = RequestStatus.WAITING
+        req.num_computed = 0
+        req.prefill_target = req.num_prompt_tokens + req.num_generated
+        req.num_preemptions += 1
+        self._waiting.appendleft(req)
+        b.plan.preempted.append(req.request_id)
+
+    def _retire(self, req: Request, status: RequestStatus) -> None:
+        if req.status is RUNNING:
+            del self._running[req.request_id]
+            if not req.in_flight:
+                self._blocks.release(req.blocks)
+        req.status = status
+        del self._live[req.request_id]
+        self._done[req.request_id] = req

@@ -1,0 +1,62 @@
+"""Scheduler configuration: one frozen dataclass that rejects impossible settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Settings shared by every policy.
+
+    token_budget: most tokens in one step (tau). For the unchunked policies
+        (vllm, orca, request_level) it is the largest batch, so it also bounds a prompt.
+    chunk_size: largest prefill chunk per request per step (defaults to token_budget).
+    max_num_seqs: most requests running at once (decodes + prefills in progress).
+    block_size / num_blocks: the paged KV cache.
+    tile_size: GEMM tile rows; when set, chunks cut short are trimmed so that the
+        step's token count is a multiple of it.
+    max_partial_prefills: prompts that may be partly prefilled at the end of a step.
+    long_prefill_threshold: a prompt longer than this is "long" and its chunk is capped
+        at this many tokens per step, leaving budget for the prompts behind it.
+    watermark: fraction of the cache kept free when admitting new requests, so that
+        running decodes rarely need preempting right after an admission.
+    """
+
+    policy: str = "sarathi"
+    token_budget: int = 512
+    chunk_size: int | None = None
+    max_num_seqs: int = 128
+    block_size: int = 16
+    num_blocks: int = 4096
+    tile_size: int | None = None
+    max_partial_prefills: int = 1
+    long_prefill_threshold: int | None = None
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        from .registry import get_policy  # late: the registry imports the policies
+
+        policy_cls = get_policy(self.policy)
+        if self.chunk_size is None:
+            object.__setattr__(self, "chunk_size", self.token_budget)
+        for name in ("token_budget", "chunk_size", "max_num_seqs", "block_size",
+                     "num_blocks", "max_partial_prefills"):
+            _positive(name, getattr(self, name))
+        for name in ("tile_size", "long_prefill_threshold"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
+        if self.chunk_size > self.token_budget:
+            raise ValueError(f"chunk_size ({self.chunk_size}) must not exceed "
+                             f"token_budget ({self.token_budget})")
+        policy_cls.check_config(self)
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.watermark * self.num_blocks)

@@ -1,0 +1,40 @@
+"""What one step runs: the scheduler's only output to an engine or simulator."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable
+
+
+@dataclass(slots=True)
+class PlanEntry:
+    """`num_tokens` tokens of one request starting at `start_pos` of its full sequence
+    (prompt followed by the tokens generated so far; a request preempted by recompute
+    re-prefills from 0). `emits_token`: the step samples a token for this request
+    (every decode, and the chunk that completes a prefill)."""
+
+    request_id: Hashable
+    start_pos: int
+    num_tokens: int
+    is_prefill: bool
+    emits_token: bool
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """One step. `preempted` lists requests whose KV blocks were freed while this plan
+    was built: the engine must drop their cached state; they re-prefill later."""
+
+    step: int
+    entries: list[PlanEntry] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    tile_padding: int = 0
+    preempted: list[Hashable] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.entries

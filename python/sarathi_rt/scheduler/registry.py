@@ -1,0 +1,40 @@
+"""Policies by name, so configs, CLIs and simulators can pick one with a string."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from .base import Scheduler
+    from .config import SchedulerConfig
+
+_POLICIES: dict[str, type[Scheduler]] = {}
+S = TypeVar("S", bound="type[Scheduler]")
+
+
+def register_policy(cls: S) -> S:
+    """Class decorator: make a Scheduler subclass available under `cls.name`."""
+    if not cls.name or cls.name in _POLICIES:
+        raise ValueError(f"policy name {cls.name!r} is empty or already registered")
+    _POLICIES[cls.name] = cls
+    return cls
+
+
+def available_policies() -> list[str]:
+    _load_builtin()
+    return sorted(_POLICIES)
+
+
+def get_policy(name: str) -> type[Scheduler]:
+    _load_builtin()
+    try:
+        return _POLICIES[name]
+    except KeyError:
+        raise ValueError(f"policy must be one of {sorted(_POLICIES)}, got {name!r}") from None
+
+
+def create_scheduler(config: SchedulerConfig) -> Scheduler:
+    return get_policy(config.policy)(config)
+
+
+def _load_builtin() -> None:
+    from . import policies  # noqa: F401  (registers on import; late to avoid a cycle)

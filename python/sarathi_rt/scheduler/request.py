@@ -1,0 +1,60 @@
+"""Per-request scheduling state (private) and its read-only snapshot (public)."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Hashable
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: Hashable
+    num_prompt_tokens: int
+    max_new_tokens: int
+    arrival: int
+    # Tokens to prefill before decoding: the prompt, or after a preemption by
+    # recompute the prompt plus every token generated so far.
+    prefill_target: int = 0
+    num_computed: int = 0  # leading tokens whose KV is (or, in flight, will be) cached
+    num_generated: int = 0
+    blocks: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    in_flight: bool = False  # part of a plan not yet passed to update()
+    first_scheduled_step: int | None = None
+    num_preemptions: int = 0
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+    @property
+    def prefill_left(self) -> int:
+        return self.prefill_target - self.num_computed
+
+    def info(self) -> RequestInfo:
+        return RequestInfo(self.request_id, self.num_prompt_tokens, self.max_new_tokens,
+                           self.arrival, self.status, self.num_computed, self.num_generated,
+                           len(self.blocks), self.first_scheduled_step, self.num_preemptions)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """Scheduling facts a simulator or metrics layer reads; a snapshot, never live."""
+
+    request_id: Hashable
+    num_prompt_tokens: int
+    max_new_tokens: int
+    arrival: int  # admission order: 0 for the first add_request, then 1, 2, ...
+    status: RequestStatus
+    num_computed: int
+    num_generated: int
+    num_blocks: int
+    first_scheduled_step: int | None
+    num_preemptions: int
