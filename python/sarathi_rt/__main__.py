@@ -1,0 +1,5 @@
+import sys
+
+from sarathi_rt.cli import main
+
+sys.exit(main())

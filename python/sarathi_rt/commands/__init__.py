@@ -1,0 +1,1 @@
+"""Subcommands of the `sarathi-rt` command line, one module each."""

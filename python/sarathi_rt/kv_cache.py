@@ -1,0 +1,55 @@
+"""The paged KV cache's storage: one K and one V tensor per layer, all sharing block ids."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVCacheShape:
+    num_layers: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "block_size", "num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"dtype must be float32, float16 or bfloat16, got {self.dtype}")
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K and V of one block in every layer."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
+
+    def blocks_for_memory(self, budget_bytes: int) -> int:
+        """How many blocks fit in `budget_bytes` of cache memory."""
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        return budget_bytes // self.bytes_per_block
+
+
+class KVCache:
+    """Per-layer K and V tensors [num_blocks, block_size, num_kv_heads, head_dim]."""
+
+    def __init__(self, shape: KVCacheShape, num_blocks: int, device: torch.device | str = "cpu") -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.shape = shape
+        self.num_blocks = num_blocks
+        dims = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
+        self.k = [torch.zeros(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
+        self.v = [torch.zeros(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[index], self.v[index]
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_blocks * self.shape.bytes_per_block

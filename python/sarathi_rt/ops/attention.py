@@ -1,0 +1,110 @@
+"""Paged-KV ops: write this step's keys/values into the cache, and hybrid-batch attention."""
+from __future__ import annotations
+
+import torch
+
+from sarathi_rt import _C
+from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
+
+_FLOATS = tuple(DTYPE_CODES)
+MAX_CPU_HEAD_DIM = 256
+
+
+def _check_caches(k_cache: object, v_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
+    k = check_tensor("k_cache", k_cache, ndim=4, dtypes=_FLOATS, contiguous=True)
+    v = check_tensor("v_cache", v_cache, ndim=4, dtypes=_FLOATS, contiguous=True)
+    check_same("v_cache", v, "k_cache", k, shape=True)
+    return k, v
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter key/value [num_tokens, num_kv_heads, head_dim] into the paged caches
+    [num_blocks, block_size, num_kv_heads, head_dim] at slot_mapping (int64; slot =
+    block * block_size + offset; a negative slot skips that token)."""
+    k, v = _check_caches(k_cache, v_cache)
+    check_tensor("key", key, ndim=3, dtypes=_FLOATS, last_dim_contiguous=True)
+    check_tensor("value", value, ndim=3, dtypes=_FLOATS, last_dim_contiguous=True)
+    check_same("key", key, "k_cache", k)
+    check_same("value", value, "key", key, shape=True)
+    if key.shape[1:] != k.shape[2:]:
+        raise ValueError(f"key has {key.shape[1]} heads of dim {key.shape[2]} but k_cache holds "
+                         f"{k.shape[2]} heads of dim {k.shape[3]}")
+    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,), contiguous=True)
+    if slot_mapping.device != key.device:
+        raise ValueError(f"slot_mapping is on {slot_mapping.device} but key is on {key.device}")
+    if slot_mapping.shape[0] != key.shape[0]:
+        raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries but key has {key.shape[0]} tokens")
+    torch.ops.sarathi_rt.write_kv(key, value, k, v, slot_mapping)
+
+
+def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     seqlens_k: torch.Tensor, block_tables: torch.Tensor, *, scale: float | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention for a batch mixing prefill chunks and decodes, in one call.
+
+    q [total_q, num_q_heads, head_dim] holds the requests back to back (cu_seqlens_q,
+    int32 [batch+1]); seqlens_k (int32 [batch]) counts each request's tokens in the cache,
+    this step's included; block_tables (int32 [batch, max_blocks]) maps positions to
+    blocks. Query i of a request with q_len queries sees positions 0..kv_len - q_len + i.
+    """
+    k, v = _check_caches(k_cache, v_cache)
+    check_tensor("q", q, ndim=3, dtypes=_FLOATS, last_dim_contiguous=True)
+    check_same("q", q, "k_cache", k)
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k.shape[2]
+    if head_dim != k.shape[3]:
+        raise ValueError(f"q has head_dim {head_dim} but k_cache has head_dim {k.shape[3]}")
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"q has {num_q_heads} heads, not a multiple of k_cache's {num_kv_heads} KV heads")
+    if q.device.type == "cpu" and head_dim > MAX_CPU_HEAD_DIM:
+        raise ValueError(f"Unsupported head_dim: {head_dim} (the CPU kernel takes up to {MAX_CPU_HEAD_DIM})")
+    for name, t, ndim in (("cu_seqlens_q", cu_seqlens_q, 1), ("seqlens_k", seqlens_k, 1),
+                          ("block_tables", block_tables, 2)):
+        check_tensor(name, t, ndim=ndim, dtypes=(torch.int32,), contiguous=True)
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    batch = seqlens_k.shape[0]
+    if cu_seqlens_q.shape[0] != batch + 1:
+        raise ValueError(f"cu_seqlens_q must have batch + 1 = {batch + 1} entries, got {cu_seqlens_q.shape[0]}")
+    if block_tables.shape[0] != batch:
+        raise ValueError(f"block_tables must have {batch} rows (one per request), got {block_tables.shape[0]}")
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    else:
+        check_tensor("out", out, ndim=3, last_dim_contiguous=True)
+        check_same("out", out, "q", q, shape=True)
+        if out.dtype != q.dtype:
+            raise TypeError(f"out has dtype {out.dtype} but q has dtype {q.dtype}")
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    torch.ops.sarathi_rt.hybrid_attention_out(q, k, v, cu_seqlens_q, seqlens_k, block_tables, scale, out)
+    return out
+
+
+# torch.library registration keeps torch.compile and CUDA graphs working: the ops are
+# opaque to the compiler, with fake implementations that only describe effects.
+@torch.library.custom_op("sarathi_rt::write_kv", mutates_args=("k_cache", "v_cache"))
+def _write_kv_op(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    _C.write_kv(key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(),
+                key.shape[0], key.stride()[:2], value.stride()[:2], tuple(k_cache.shape), DTYPE_CODES[key.dtype],
+                device_code(key), stream_of(key))
+
+
+@_write_kv_op.register_fake
+def _(key, value, k_cache, v_cache, slot_mapping) -> None:
+    return None
+
+
+@torch.library.custom_op("sarathi_rt::hybrid_attention_out", mutates_args=("out",))
+def _hybrid_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                         seqlens_k: torch.Tensor, block_tables: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+    _C.hybrid_attention(q.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cu_seqlens_q.data_ptr(),
+                        seqlens_k.data_ptr(), block_tables.data_ptr(), seqlens_k.shape[0], q.shape[0], q.shape[1],
+                        block_tables.shape[1], q.stride()[:2], out.stride()[:2], tuple(k_cache.shape), scale,
+                        DTYPE_CODES[q.dtype], device_code(q), stream_of(q))
+
+
+@_hybrid_attention_op.register_fake
+def _(q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_tables, scale, out) -> None:
+    return None
