@@ -12,13 +12,13 @@ except ImportError:  # nvtx is optional (the `bench` extra)
 # One color per phase keeps an nsys timeline readable at a glance.
 _COLORS = {"schedule": "blue", "prepare": "yellow", "forward": "green", "sample": "purple", "layer": "cyan"}
 
+
 def nvtx_range(name: str, phase: str | None = None) -> AbstractContextManager[object]:
     """`with nvtx_range("forward"):` marks a phase; `phase` picks its color."""
     if _nvtx is None:
         return nullcontext()
     return _nvtx.annotate(name, color=_COLORS.get(phase or name, "gray"), domain="sarathi_rt")
 
+
 def nvtx_enabled() -> bool:
     return _nvtx is not None
-
-NvtxRange = Callable[[str], AbstractContextManager[object]]
