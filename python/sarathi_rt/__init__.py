@@ -4,6 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from sarathi_rt import _C
+from sarathi_rt.llm import LLM
+from sarathi_rt.sampling import SamplingParams
 
 __version__: str = _C.build_info()["version"]
 
@@ -13,4 +15,4 @@ def build_info() -> dict[str, Any]:
     return dict(_C.build_info())
 
 
-__all__ = ["build_info", "__version__"]
+__all__ = ["LLM", "SamplingParams", "build_info", "__version__"]

@@ -1,0 +1,14 @@
+"""The serving engine: a driver (LLMEngine: scheduler, requests, outputs, metrics) that
+hands plain StepInputs to an executor of workers (model, KV cache, runner, sampler)."""
+from .async_engine import AsyncLLMEngine
+from .config import EngineConfig
+from .executor import Executor, InProcessExecutor
+from .llm_engine import LLMEngine
+from .model_runner import ModelRunner
+from .outputs import RequestOutput
+from .sampler import Sampler
+from .step_io import RowSampling, SequenceChunk, StepInput, StepOutput
+from .worker import Worker
+
+__all__ = ["AsyncLLMEngine", "EngineConfig", "Executor", "InProcessExecutor", "LLMEngine", "ModelRunner",
+           "RequestOutput", "RowSampling", "Sampler", "SequenceChunk", "StepInput", "StepOutput", "Worker"]

@@ -1,0 +1,88 @@
+"""Serve an LLMEngine from asyncio: per-request async streams of outputs, with the steps
+run in a worker thread so the event loop stays responsive."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Hashable
+
+from sarathi_rt.sampling import SamplingParams
+
+from .llm_engine import LLMEngine
+from .outputs import RequestOutput
+
+
+class AsyncLLMEngine:
+    """One background task steps the engine while requests are unfinished. The engine
+    is touched only under an asyncio lock that each step holds, so add_request and abort
+    slip in between steps (the lock is fair) and never race a running step."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._lock = asyncio.Lock()
+        self._queues: dict[Hashable, asyncio.Queue[RequestOutput | Exception]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def add_request(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None,
+                          queue: asyncio.Queue[RequestOutput | Exception] | None = None
+                          ) -> asyncio.Queue[RequestOutput | Exception]:
+        """Queue a request; its outputs (or the exception that ended the loop) go to
+        `queue` (a new one if None), which is returned. Bad input raises here."""
+        queue = asyncio.Queue() if queue is None else queue
+        async with self._lock:
+            self.engine.add_request(request_id, prompt, params)
+            self._queues[request_id] = queue
+        self._ensure_running()
+        return queue
+
+    async def abort(self, request_id: Hashable) -> bool:
+        """Abort a request; its stream ends with a finish_reason "abort" output. False if
+        it already finished (its last output may still wait in its queue)."""
+        async with self._lock:
+            if not self.engine.has_request(request_id):
+                return False
+            self.engine.abort(request_id)
+        self._ensure_running()
+        return True
+
+    async def generate(self, prompt: Sequence[int], params: SamplingParams | None = None,
+                       request_id: Hashable | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield one output per step that gives this request a token, the last one with
+        finished=True. Leaving the loop early aborts the request."""
+        request_id = object() if request_id is None else request_id
+        queue = await self.add_request(request_id, prompt, params)
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                if isinstance(out, Exception):
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                await self.abort(request_id)
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            async with self._lock:
+                if not self.engine.has_unfinished():
+                    return
+                try:
+                    outputs = await asyncio.to_thread(self.engine.step)
+                except Exception as exc:  # every waiting stream re-raises it
+                    for queue in self._queues.values():
+                        queue.put_nowait(exc)
+                    self._queues.clear()
+                    return
+            for out in outputs:
+                queue = self._queues.get(out.request_id)
+                if queue is not None:
+                    queue.put_nowait(out)
+                    if out.finished:
+                        del self._queues[out.request_id]
+            await asyncio.sleep(0)

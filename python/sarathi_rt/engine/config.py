@@ -1,0 +1,74 @@
+"""Everything an engine is built from, checked once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sarathi_rt.models import ModelConfig, parse_dtype
+
+
+def _positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """model: a Hugging Face directory or a preset name (tiny, cpu-small, llama3-8b).
+    chunk_size None means the token budget. num_kv_blocks None sizes the cache from
+    free memory: kv_memory_fraction of it (0.5 of MemAvailable on CPU, 0.9 of free
+    GPU memory), capped at what max_num_seqs full-length requests can use. tile_size:
+    None, an int, or "auto" (the GEMM tile the ops choose for this model, if any).
+    max_model_len None means the model's max_position_embeddings. seed picks the random
+    weights of a preset and the seeds of requests that bring none."""
+
+    model: str | Path
+    device: str | torch.device = "cpu"
+    dtype: str | torch.dtype = "float32"
+    policy: str = "sarathi"
+    token_budget: int = 512
+    chunk_size: int | None = None
+    max_num_seqs: int = 128
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    tile_size: int | str | None = None
+    seed: int = 0
+    max_model_len: int | None = None
+    kv_memory_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, (str, Path)) or not str(self.model):
+            raise ValueError(f"model must be a directory path or a preset name, got {self.model!r}")
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}") from None
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device is {self.device!r} but no CUDA device is available")
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        for name in ("token_budget", "max_num_seqs", "block_size"):
+            _positive(name, getattr(self, name))
+        for name in ("chunk_size", "num_kv_blocks", "max_model_len"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.tile_size is not None and self.tile_size != "auto":
+            _positive("tile_size", self.tile_size)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
+            raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
+
+    def model_len(self, model_config: ModelConfig) -> int:
+        """The longest sequence (prompt + generated) a request may reach."""
+        limit = model_config.max_position_embeddings
+        if self.max_model_len is None:
+            return limit
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len ({self.max_model_len}) exceeds the model's "
+                             f"max_position_embeddings ({limit})")
+        return self.max_model_len

@@ -1,0 +1,164 @@
+"""The driver: requests in, a BatchPlan per step, StepInputs to the executor, tokens out."""
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence as Seq
+from typing import Hashable
+
+from sarathi_rt.metrics import RequestMetrics, StepMetrics
+from sarathi_rt.models import resolve_config
+from sarathi_rt.profiling import nvtx_range
+from sarathi_rt.sampling import SamplingParams
+from sarathi_rt.scheduler import BatchPlan, SchedulerConfig, create_scheduler
+
+from .config import EngineConfig
+from .executor import Executor, InProcessExecutor
+from .outputs import RequestOutput
+from .sequence import Sequence
+from .step_io import SequenceChunk, StepInput, StepOutput
+from .tiles import resolve_tile_size
+
+
+class LLMEngine:
+    """Owns the scheduler, the requests, their sampling settings, outputs and metrics;
+    the executor owns the model. `step()` runs one scheduler step end to end.
+
+    Bad requests raise from add_request/abort (ValueError or TypeError naming the
+    argument) and leave the engine and every other request untouched."""
+
+    def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
+        self.config = config
+        self.model_config, _ = resolve_config(config.model)
+        self.max_model_len = config.model_len(self.model_config)
+        self.executor = executor if executor is not None else InProcessExecutor(config)
+        self.scheduler_config = SchedulerConfig(
+            policy=config.policy, token_budget=config.token_budget, chunk_size=config.chunk_size,
+            max_num_seqs=config.max_num_seqs, block_size=config.block_size,
+            num_blocks=self.executor.num_kv_blocks,
+            tile_size=resolve_tile_size(config.tile_size, self.model_config, config))
+        self.scheduler = create_scheduler(self.scheduler_config)
+        self.step_metrics: list[StepMetrics] = []
+        self._seqs: dict[Hashable, Sequence] = {}
+        self._aborted: list[RequestOutput] = []
+        self._seed_rng = random.Random(config.seed)
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, request_id: Hashable, prompt: Seq[int], params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue a prompt (token ids). arrival_time defaults to now (time.perf_counter)."""
+        try:
+            hash(request_id)
+        except TypeError:
+            raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}") from None
+        if request_id in self._seqs:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        tokens = self._check_prompt(prompt)
+        max_new = min(params.max_tokens, self.max_model_len - len(tokens))
+        self.scheduler.add_request(request_id, len(tokens), max_new)
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops.update(self.model_config.eos_token_ids)
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        now = time.perf_counter()
+        metrics = RequestMetrics(arrival_time=now if arrival_time is None else float(arrival_time),
+                                 num_prompt_tokens=len(tokens))
+        self._seqs[request_id] = Sequence(request_id, tokens, params, seed, max_new, frozenset(stops), metrics,
+                                          logprobs=[] if params.logprobs else None)
+
+    def _check_prompt(self, prompt: object) -> list[int]:
+        if hasattr(prompt, "tolist"):  # a tensor or an array of ids
+            prompt = prompt.tolist()
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Seq):
+            raise TypeError(f"prompt must be a sequence of token ids, got {type(prompt).__name__}")
+        tokens = list(prompt)
+        if not tokens:
+            raise ValueError("prompt must not be empty")
+        if len(tokens) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(tokens)} tokens; the model's context (max_model_len="
+                             f"{self.max_model_len}) leaves no room to generate")
+        vocab = self.model_config.vocab_size
+        for t in tokens:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise ValueError(f"prompt holds token id {t!r}, outside the vocabulary [0, {vocab})")
+        return tokens
+
+    def abort(self, request_id: Hashable) -> None:
+        """Stop a request now; the next step() reports it with finish_reason "abort"."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            raise ValueError(f"request_id {request_id!r} is not running (unknown, finished or aborted)")
+        self.scheduler.abort(request_id)
+        self.scheduler.release(request_id)
+        seq.finish_reason = "abort"
+        seq.metrics.finish_time = time.perf_counter()
+        self._aborted.append(seq.to_output([]))
+
+    def has_request(self, request_id: Hashable) -> bool:
+        """True while the request is queued or running (not finished or aborted)."""
+        return request_id in self._seqs
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs) or bool(self._aborted)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._seqs)
+
+    # --------------------------------------------------------------------- steps
+    def step(self) -> list[RequestOutput]:
+        """One step: schedule, run the model, sample; returns an output for every request
+        that got a token, finished, or was aborted since the last step."""
+        outputs, self._aborted = self._aborted, []
+        start = time.perf_counter()
+        with nvtx_range("schedule"):
+            plan = self.scheduler.schedule()
+        for request_id in plan.preempted:
+            self._seqs[request_id].metrics.num_preemptions += 1
+        if plan.is_empty:
+            self.scheduler.update(plan)
+            return outputs
+        step_input = self._step_input(plan, start)
+        outputs += self._process(plan, self.executor.execute(step_input), start)
+        return outputs
+
+    def _step_input(self, plan: BatchPlan, start: float) -> StepInput:
+        chunks = []
+        for e in plan.entries:
+            seq = self._seqs[e.request_id]
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = start
+            chunks.append(SequenceChunk(e.request_id, seq.tokens(e.start_pos, e.num_tokens), e.start_pos,
+                                        self.scheduler.block_table(e.request_id),
+                                        seq.row_sampling() if e.emits_token else None))
+        return StepInput(plan.step, chunks)
+
+    def _process(self, plan: BatchPlan, out: StepOutput, start: float) -> list[RequestOutput]:
+        now = time.perf_counter()
+        emitting = [e for e in plan.entries if e.emits_token]
+        if len(out.token_ids) != len(emitting):
+            raise RuntimeError(f"executor returned {len(out.token_ids)} tokens for {len(emitting)} rows")
+        stopped, updated = [], []
+        for e, token, logprob in zip(emitting, out.token_ids, out.logprobs):
+            seq = self._seqs.get(e.request_id)
+            if seq is None:  # aborted while this step ran
+                continue
+            seq.append(token, logprob, now)
+            updated.append((seq, token))
+            if seq.finish_reason == "stop":
+                stopped.append(e.request_id)
+        finished = set(self.scheduler.update(plan, stopped))
+        outputs = []
+        for seq, token in updated:
+            if seq.request_id in finished:
+                seq.finish_reason = seq.finish_reason or "length"
+                seq.metrics.finish_time = now
+                del self._seqs[seq.request_id]
+                self.scheduler.release(seq.request_id)
+            outputs.append(seq.to_output([token]))
+        self.step_metrics.append(StepMetrics(start, now - start, plan.num_tokens, plan.num_prefill_tokens,
+                                             plan.num_decode_tokens, len(plan.entries), plan.tile_padding))
+        return outputs

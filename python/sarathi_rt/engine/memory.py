@@ -1,0 +1,43 @@
+"""How many KV blocks fit: free memory on the device, times a fraction, capped at what
+the engine can ever use."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from sarathi_rt.kv_cache import KVCacheShape
+
+CPU_FRACTION = 0.5
+CUDA_FRACTION = 0.9
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free memory: torch.cuda.mem_get_info on a GPU; MemAvailable on a Linux host
+    (else the OS's count of available physical pages)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def auto_num_blocks(shape: KVCacheShape, device: torch.device, max_num_seqs: int, max_model_len: int,
+                    fraction: float | None = None) -> int:
+    """Blocks for `fraction` of free memory, at most max_num_seqs full-length requests' worth."""
+    if fraction is None:
+        fraction = CUDA_FRACTION if device.type == "cuda" else CPU_FRACTION
+    budget = int(available_bytes(device) * fraction)
+    fits = shape.blocks_for_memory(budget)
+    needed = max_num_seqs * -(-max_model_len // shape.block_size)
+    if fits < 1:
+        raise ValueError(f"no room for a single KV block ({shape.bytes_per_block} bytes) in "
+                         f"{fraction:.0%} of the {budget / fraction / 2**30:.2f} GiB free on {device}; "
+                         "pass num_kv_blocks")
+    return min(fits, needed)

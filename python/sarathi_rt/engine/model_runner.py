@@ -1,0 +1,72 @@
+"""StepInput -> logits: builds the step context once, then runs the model."""
+from __future__ import annotations
+
+import torch
+
+from sarathi_rt.models import LlamaForCausalLM, StepContext
+from sarathi_rt.profiling import nvtx_range
+
+from .step_io import StepInput
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, block_size: int, num_blocks: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = model.cos_sin_cache.device
+        self.vocab_size = model.config.vocab_size
+        self.max_position = model.config.max_position_embeddings
+
+    def prepare(self, step: StepInput) -> tuple[torch.Tensor, StepContext]:
+        """Token ids and the per-step context every layer reads."""
+        if not step.chunks:
+            raise ValueError("step has no chunks")
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu_seqlens = [0]
+        seqlens_k: list[int] = []
+        logits_rows: list[int] = []
+        width = max(len(c.block_table) for c in step.chunks)
+        tables = [c.block_table + [0] * (width - len(c.block_table)) for c in step.chunks]
+        for c in step.chunks:
+            n, start = len(c.token_ids), c.start_pos
+            end = start + n
+            if n == 0 or start < 0:
+                raise ValueError(f"request {c.request_id!r}: empty chunk or negative start_pos")
+            if end > self.max_position:
+                raise ValueError(f"request {c.request_id!r} reaches position {end - 1}, beyond the model's "
+                                 f"max_position_embeddings ({self.max_position})")
+            if len(c.block_table) * bs < end or not all(0 <= b < self.num_blocks for b in c.block_table):
+                raise ValueError(f"request {c.request_id!r}: block_table {c.block_table} does not map "
+                                 f"positions 0..{end - 1} into {self.num_blocks} blocks of {bs}")
+            ids.extend(c.token_ids)
+            table = c.block_table
+            for pos in range(start, end):
+                positions.append(pos)
+                slots.append(table[pos // bs] * bs + pos % bs)
+            cu_seqlens.append(cu_seqlens[-1] + n)
+            seqlens_k.append(end)
+            if c.sampling is not None:
+                logits_rows.append(cu_seqlens[-1] - 1)
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.vocab_size})")
+
+        def tensor(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+        ctx = StepContext(positions=tensor(positions, torch.int64), slot_mapping=tensor(slots, torch.int64),
+                          cu_seqlens_q=tensor(cu_seqlens, torch.int32), seqlens_k=tensor(seqlens_k, torch.int32),
+                          block_tables=tensor(tables, torch.int32), logits_indices=tensor(logits_rows, torch.int64))
+        return tensor(ids, torch.int64), ctx
+
+    @torch.inference_mode()
+    def run(self, step: StepInput) -> torch.Tensor:
+        """float32 logits [chunks that sample, vocab] (the whole pipeline in one stage)."""
+        with nvtx_range("prepare"):
+            input_ids, ctx = self.prepare(step)
+        with nvtx_range("forward"):
+            hidden, residual = self.model(ctx, input_ids=input_ids)
+            return self.model.compute_logits(hidden, residual, ctx)

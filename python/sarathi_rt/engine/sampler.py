@@ -1,0 +1,78 @@
+"""Logits -> next tokens. Every row is processed on its own values only, and random rows
+draw from a generator keyed by (seed, tokens generated so far): a request's tokens do
+not depend on what else is in the batch."""
+from __future__ import annotations
+
+import torch
+
+from sarathi_rt.profiling import nvtx_range
+
+from .step_io import RowSampling
+
+_MASK64 = (1 << 64) - 1
+
+
+def row_seed(seed: int, num_generated: int) -> int:
+    """A well-mixed 63-bit seed for one (request seed, token index) pair (splitmix64)."""
+    x = (seed * 0x9E3779B97F4A7C15 + num_generated + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1
+
+
+def _filter(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
+    """Temperature, then top-k, then top-p; masked entries become -inf."""
+    temps = torch.tensor([r.temperature for r in rows], device=logits.device).unsqueeze(1)
+    logits = logits / temps
+    vocab = logits.shape[1]
+    top_k = [r.top_k if r.top_k is not None and r.top_k < vocab else vocab for r in rows]
+    top_p = [r.top_p for r in rows]
+    if all(k == vocab for k in top_k) and all(p >= 1.0 for p in top_p):
+        return logits
+    # Stable sort keeps ties in vocabulary order, so the kept set is deterministic.
+    ordered, order = logits.sort(dim=1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    drop = rank >= torch.tensor(top_k, device=logits.device).unsqueeze(1)
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    probs = ordered.softmax(dim=1)
+    # Keep a token when the mass strictly before it is below p (the first always stays).
+    before = probs.cumsum(dim=1) - probs
+    drop = before >= torch.tensor(top_p, device=logits.device).unsqueeze(1)
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter_(1, order, ordered)
+
+
+class Sampler:
+    """Greedy rows take the argmax (the first on ties, as transformers does); the others
+    sample by the exponential race, argmax(p / E) with E ~ Exp(1) from the row's own
+    generator, which picks token i with probability p_i."""
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, rows: list[RowSampling]
+                 ) -> tuple[list[int], list[float | None]]:
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits must be [len(rows)={len(rows)}, vocab], got {tuple(logits.shape)}")
+        with nvtx_range("sample"):
+            logits = logits.float()
+            tokens = logits.argmax(dim=1)
+            random_rows = [i for i, r in enumerate(rows) if not r.greedy]
+            if random_rows:
+                index = torch.tensor(random_rows, device=logits.device)
+                probs = _filter(logits.index_select(0, index), [rows[i] for i in random_rows]).softmax(dim=1)
+                noise = torch.empty_like(probs)
+                for j, i in enumerate(random_rows):
+                    gen = torch.Generator(logits.device).manual_seed(row_seed(rows[i].seed, rows[i].num_generated))
+                    noise[j].exponential_(generator=gen)
+                # exponential_ may return exactly 0; 0/0 would be NaN, which argmax prefers.
+                noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+                tokens.index_copy_(0, index, (probs / noise).argmax(dim=1))
+            token_ids = tokens.tolist()
+            logprobs: list[float | None] = [None] * len(rows)
+            want = [i for i, r in enumerate(rows) if r.logprobs]
+            if want:
+                index = torch.tensor(want, device=logits.device)
+                chosen = tokens.index_select(0, index).unsqueeze(1)
+                values = logits.index_select(0, index).log_softmax(dim=1).gather(1, chosen).squeeze(1).tolist()
+                for i, v in zip(want, values):
+                    logprobs[i] = v
+            return token_ids, logprobs

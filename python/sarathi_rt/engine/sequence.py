@@ -1,0 +1,56 @@
+"""The driver's record of one request: tokens, sampling settings, metrics."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable
+
+from sarathi_rt.metrics import RequestMetrics
+from sarathi_rt.sampling import SamplingParams
+
+from .outputs import RequestOutput
+from .step_io import RowSampling
+
+
+@dataclass
+class Sequence:
+    request_id: Hashable
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    max_new_tokens: int  # max_tokens, cut to what the model's context leaves
+    stop_ids: frozenset[int]
+    metrics: RequestMetrics
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+
+    def tokens(self, start: int, n: int) -> list[int]:
+        """Tokens start..start+n of prompt + output (a re-prefill after preemption
+        runs into the generated tokens)."""
+        p = len(self.prompt)
+        if start + n <= p:
+            return self.prompt[start:start + n]
+        return (self.prompt + self.output)[start:start + n]
+
+    def row_sampling(self) -> RowSampling:
+        p = self.params
+        return RowSampling(p.temperature, p.top_k, p.top_p, self.seed, len(self.output), p.logprobs)
+
+    def append(self, token: int, logprob: float | None, now: float) -> None:
+        """Record a generated token; sets finish_reason when it ends the request."""
+        self.output.append(token)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
+        m = self.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.token_times.append(now)
+        if token in self.stop_ids:
+            self.finish_reason = "stop"
+        elif len(self.output) >= self.max_new_tokens:
+            self.finish_reason = "length"
+
+    def to_output(self, new_tokens: list[int]) -> RequestOutput:
+        return RequestOutput(self.request_id, self.prompt, new_tokens, list(self.output),
+                             self.finish_reason is not None, self.finish_reason, self.metrics,
+                             None if self.logprobs is None else list(self.logprobs))

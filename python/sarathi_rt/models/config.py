@@ -1,0 +1,157 @@
+"""The model's shape, read from a Hugging Face `config.json` (transformers 4.x and 5.x
+spellings) or given directly for the random-weight presets."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# model_type -> (q/k/v projections carry a bias, o_proj carries a bias) when the config
+# does not say; Qwen2 always biases q/k/v and never o.
+_FAMILIES: dict[str, tuple[bool, bool] | None] = {"llama": None, "mistral": None, "qwen2": (True, False)}
+_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """'float32' | 'bfloat16' | 'float16' (or the torch dtype) -> torch dtype."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.removeprefix("torch.")]
+    raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A LLaMA-family decoder. `rope_scaling` is None or the HF dict (rope_type "llama3"
+    or "default"); `eos_token_ids` lists every id that ends generation."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    model_type: str = "llama"
+    eos_token_ids: tuple[int, ...] = ()
+    initializer_range: float = 0.02
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of "
+                                 f"num_attention_heads ({self.num_attention_heads}) when head_dim is unset")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if not isinstance(self.head_dim, int) or self.head_dim <= 0 or self.head_dim % 2:
+            raise ValueError(f"head_dim must be a positive even int, got {self.head_dim!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
+        if self.model_type not in _FAMILIES:
+            raise ValueError(f"model_type must be one of {sorted(_FAMILIES)}, got {self.model_type!r}")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind not in ("default", "llama3"):
+                raise ValueError(f"rope_scaling type must be 'default' or 'llama3', got {kind!r}")
+        bad = [t for t in self.eos_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"eos_token_ids {bad} are outside the vocabulary (vocab_size={self.vocab_size})")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        model_type = d.get("model_type")
+        if model_type is None:
+            archs = [a for a in d.get("architectures") or () if a in _ARCHITECTURES]
+            model_type = _ARCHITECTURES[archs[0]] if archs else None
+        if model_type not in _FAMILIES:
+            raise ValueError(f"unsupported model_type {model_type!r}: sarathi_rt runs {sorted(_FAMILIES)}")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {d['hidden_act']!r}")
+        if d.get("use_sliding_window") or (model_type == "mistral" and d.get("sliding_window")):
+            window = d.get("sliding_window")
+            if window is not None and window < d.get("max_position_embeddings", 2048):
+                raise ValueError(f"sliding_window attention ({window}) is not supported")
+        # transformers 5 folds rope_theta/rope_scaling into rope_parameters.
+        rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+        theta = rope.pop("rope_theta", d.get("rope_theta", 10000.0))
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        family_bias = _FAMILIES[model_type]
+        attention_bias = bool(d.get("attention_bias", False))
+        qkv_bias, o_bias = family_bias if family_bias else (attention_bias, attention_bias)
+        eos = d.get("eos_token_id")
+        eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
+        return cls(
+            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"], num_attention_heads=d["num_attention_heads"],
+            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+            head_dim=d.get("head_dim"), rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
+            rope_scaling=None if kind == "default" else rope,
+            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), qkv_bias=qkv_bias, o_bias=o_bias,
+            mlp_bias=bool(d.get("mlp_bias", False)), model_type=model_type, eos_token_ids=eos_ids,
+            initializer_range=d.get("initializer_range", 0.02), extra=d)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelConfig:
+        """Read `path/config.json`, plus the eos ids of `generation_config.json` when present."""
+        path = Path(path)
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise ValueError(f"model directory {str(path)!r} has no config.json")
+        d = json.loads(config_file.read_text())
+        gen_file = path / "generation_config.json"
+        if gen_file.is_file():
+            gen_eos = json.loads(gen_file.read_text()).get("eos_token_id")
+            if gen_eos is not None:
+                d = {**d, "eos_token_id": gen_eos}
+        return cls.from_hf_dict(d)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A transformers config dict describing the same model (for saving presets)."""
+        arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+        d: dict[str, Any] = {
+            "architectures": [arch[self.model_type]], "model_type": self.model_type, "hidden_act": "silu",
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling, "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings, "mlp_bias": self.mlp_bias,
+            "initializer_range": self.initializer_range,
+            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else
+            (self.eos_token_ids[0] if self.eos_token_ids else None),
+        }
+        if self.model_type != "qwen2":
+            d["attention_bias"] = self.qkv_bias
+        return d

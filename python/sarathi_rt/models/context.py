@@ -1,0 +1,31 @@
+"""The per-step batch metadata every layer reads: built once by the ModelRunner."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Tensors on the model's device for one step over `num_tokens` tokens of `batch`
+    requests laid out back to back.
+
+    positions, slot_mapping: int64 [num_tokens]; cu_seqlens_q: int32 [batch + 1];
+    seqlens_k: int32 [batch] (cached tokens, this step's included); block_tables:
+    int32 [batch, max_blocks]; logits_indices: int64 [rows that sample a token];
+    attention_plan: an ops.AttentionPlan shared by every layer, when the op offers one.
+    """
+
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seqlens_k: torch.Tensor
+    block_tables: torch.Tensor
+    logits_indices: torch.Tensor
+    attention_plan: Any = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])

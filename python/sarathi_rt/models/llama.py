@@ -1,0 +1,179 @@
+"""The LLaMA family (Llama 2/3, Mistral, Qwen2) built from sarathi_rt ops.
+
+Weights are stored fused: qkv_proj = [q; k; v] and gate_up_proj = [gate; up] along the
+output dimension, so each projection is one GEMM. Parameter names otherwise follow
+Hugging Face, which keeps the loader's mapping short. Layers pass the residual stream
+separately so that every RMSNorm fuses the residual add (vLLM's layout)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sarathi_rt import ops
+from sarathi_rt.kv_cache import KVCache
+from sarathi_rt.profiling import nvtx_range
+
+from .config import ModelConfig
+from .context import StepContext
+from .parallel import BoundLayout, ParallelLayout
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.weight = _param(size, dtype=dtype, device=device)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return ops.rms_norm(x, self.weight, self.eps, residual)
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b). Row-parallel layers sum partial products over the tensor-parallel
+    group before the bias is added, so the bias counts once."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                 device: torch.device | str, reduce: BoundLayout | None = None) -> None:
+        super().__init__()
+        self.weight = _param(out_features, in_features, dtype=dtype, device=device)
+        self.bias = _param(out_features, dtype=dtype, device=device) if bias else None
+        self._reduce = reduce if reduce is not None and reduce.tp_size > 1 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._reduce is None:
+            return ops.linear(x, self.weight, self.bias)
+        out = self._reduce.reduce(ops.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, shard: BoundLayout, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, shard.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, device)
+        self.o_proj = Linear(self.q_size, config.hidden_size, config.o_bias, dtype, device, reduce=shard)
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, hidden: torch.Tensor, ctx: StepContext, cos_sin: torch.Tensor) -> torch.Tensor:
+        if self.k_cache is None or self.v_cache is None:
+            raise RuntimeError("no KV cache bound: call model.bind_kv_cache(cache) first")
+        qkv = self.qkv_proj(hidden)
+        tokens = qkv.shape[0]
+        q = qkv[:, :self.q_size].view(tokens, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
+        ops.rotary_embedding(ctx.positions, q, k, cos_sin)
+        ops.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        extra = {} if ctx.attention_plan is None else {"plan": ctx.attention_plan}
+        out = ops.hybrid_attention(q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seqlens_k,
+                                   ctx.block_tables, scale=self.scale, **extra)
+        return self.o_proj(out.view(tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, shard: BoundLayout, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(config.hidden_size, 2 * shard.intermediate, config.mlp_bias, dtype, device)
+        self.down_proj = Linear(shard.intermediate, config.hidden_size, config.mlp_bias, dtype, device,
+                                reduce=shard)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(hidden)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, shard: BoundLayout, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.self_attn = Attention(config, shard, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.mlp = MLP(config, shard, dtype, device)
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, ctx: StepContext,
+                cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, ctx, cos_sin)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """One pipeline stage of the model (the whole model with the default layout).
+
+    The first stage embeds token ids; later stages take the previous stage's
+    (hidden, residual). The last stage owns the final norm and lm_head."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", layout: ParallelLayout | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.shard = (layout or ParallelLayout()).bind(config)
+        hidden = config.hidden_size
+        needs_embed = self.shard.is_first or (self.shard.is_last and config.tie_word_embeddings)
+        self.embed_tokens = _param(config.vocab_size, hidden, dtype=dtype, device=device) if needs_embed else None
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, self.shard, dtype, device)
+                                     for i in self.shard.layers})
+        self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype, device) if self.shard.is_last else None
+        self.lm_head: nn.Parameter | None = None
+        if self.shard.is_last:
+            self.lm_head = self.embed_tokens if config.tie_word_embeddings else \
+                _param(config.vocab_size, hidden, dtype=dtype, device=device)
+        self.register_buffer("cos_sin_cache", ops.rope_cos_sin_cache(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling).to(device),
+            persistent=False)
+
+    def bind_kv_cache(self, cache: KVCache) -> None:
+        """Give every attention layer its K/V tensors (cache layer j = this stage's j-th layer)."""
+        if cache.shape.num_layers != len(self.layers):
+            raise ValueError(f"cache has {cache.shape.num_layers} layers but this stage runs {len(self.layers)}")
+        for j, layer in enumerate(self.layers.values()):
+            layer.self_attn.k_cache, layer.self_attn.v_cache = cache.layer(j)
+
+    @torch.inference_mode()
+    def forward(self, ctx: StepContext, input_ids: torch.Tensor | None = None,
+                intermediate: tuple[torch.Tensor, torch.Tensor | None] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run this stage's layers; returns (hidden, residual) for the next stage or for
+        `compute_logits`."""
+        if self.shard.is_first:
+            if input_ids is None:
+                raise ValueError("input_ids is required on the first pipeline stage")
+            hidden, residual = nn.functional.embedding(input_ids, self.embed_tokens), None
+        else:
+            if intermediate is None:
+                raise ValueError("intermediate (hidden, residual) is required after the first stage")
+            hidden, residual = intermediate
+        for index, layer in self.layers.items():
+            with nvtx_range(f"layer{index}", "layer"):
+                hidden, residual = layer(hidden, residual, ctx, self.cos_sin_cache)
+        return hidden, residual
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor | None,
+                       ctx: StepContext) -> torch.Tensor:
+        """float32 logits [rows, vocab] for the rows in ctx.logits_indices only."""
+        if self.norm is None or self.lm_head is None:
+            raise RuntimeError("compute_logits runs on the last pipeline stage only")
+        rows = hidden.index_select(0, ctx.logits_indices)
+        if residual is None:
+            normed = self.norm(rows)
+        else:
+            normed, _ = self.norm(rows, residual.index_select(0, ctx.logits_indices))
+        return ops.linear(normed, self.lm_head).float()
