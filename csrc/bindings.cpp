@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sarathi_rt/block_allocator.h"
+#include "sarathi_rt/elementwise.h"
 #include "sarathi_rt/kv_ops.h"
 
 #if defined(SARATHI_RT_WITH_OPENMP)
@@ -111,6 +112,89 @@ void hybrid_attention(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v
   raise_if_error(st);
 }
 
+// Runs an op on the CPU or, for device >= 0, with its CUDA launcher (null when this
+// build has no CUDA), without the GIL.
+#if defined(SARATHI_RT_WITH_CUDA)
+#define SRT_CUDA_LAUNCHER(fn) (&fn)
+#else
+#define SRT_CUDA_LAUNCHER(fn) nullptr
+#endif
+
+// The CUDA launcher's type is not deduced, so a nullptr (no CUDA build) binds to it.
+template <typename P>
+struct CudaLauncher {
+  using type = Status (*)(const P&, void*);
+};
+
+template <typename P>
+void launch(const P& p, int device, uintptr_t stream, Status (*cpu)(const P&), typename CudaLauncher<P>::type cuda) {
+  if (device != kCpu && cuda == nullptr) {
+    throw py::value_error("sarathi_rt was built without CUDA; rebuild with SARATHI_RT_CUDA=1 to use CUDA tensors");
+  }
+  Status st;
+  {
+    py::gil_scoped_release release;
+    st = device == kCpu ? cpu(p) : cuda(p, ptr<void>(stream));
+  }
+  raise_if_error(st);
+}
+
+void rms_norm(uintptr_t x, uintptr_t residual, uintptr_t weight, uintptr_t out, uintptr_t residual_out,
+              int64_t num_tokens, int64_t hidden, std::array<int64_t, 4> row_strides, float eps, int dtype, int device,
+              uintptr_t stream) {
+  RMSNormParams p;
+  p.x = ptr<const void>(x);
+  p.residual = ptr<const void>(residual);
+  p.weight = ptr<const void>(weight);
+  p.out = ptr<void>(out);
+  p.residual_out = ptr<void>(residual_out);
+  p.num_tokens = num_tokens;
+  p.hidden = hidden;
+  p.x_stride = row_strides[0];
+  p.residual_stride = row_strides[1];
+  p.out_stride = row_strides[2];
+  p.residual_out_stride = row_strides[3];
+  p.eps = eps;
+  p.dtype = static_cast<DType>(dtype);
+  launch(p, device, stream, &rms_norm_cpu, SRT_CUDA_LAUNCHER(rms_norm_cuda));
+}
+
+void rotary_embedding(uintptr_t positions, uintptr_t q, uintptr_t k, uintptr_t cos_sin_cache, int64_t num_tokens,
+                      int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t rotary_dim,
+                      int64_t max_position, std::array<int64_t, 2> q_strides, std::array<int64_t, 2> k_strides,
+                      int dtype, int device, uintptr_t stream) {
+  RotaryParams p;
+  p.positions = ptr<const int64_t>(positions);
+  p.q = ptr<void>(q);
+  p.k = ptr<void>(k);
+  p.cos_sin_cache = ptr<const float>(cos_sin_cache);
+  p.num_tokens = num_tokens;
+  p.num_q_heads = num_q_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.head_dim = head_dim;
+  p.rotary_dim = rotary_dim;
+  p.max_position = max_position;
+  p.q_token_stride = q_strides[0];
+  p.q_head_stride = q_strides[1];
+  p.k_token_stride = k_strides[0];
+  p.k_head_stride = k_strides[1];
+  p.dtype = static_cast<DType>(dtype);
+  launch(p, device, stream, &rotary_embedding_cpu, SRT_CUDA_LAUNCHER(rotary_embedding_cuda));
+}
+
+void silu_and_mul(uintptr_t x, uintptr_t out, int64_t num_tokens, int64_t intermediate, int64_t x_stride,
+                  int64_t out_stride, int dtype, int device, uintptr_t stream) {
+  SiluAndMulParams p;
+  p.x = ptr<const void>(x);
+  p.out = ptr<void>(out);
+  p.num_tokens = num_tokens;
+  p.intermediate = intermediate;
+  p.x_stride = x_stride;
+  p.out_stride = out_stride;
+  p.dtype = static_cast<DType>(dtype);
+  launch(p, device, stream, &silu_and_mul_cpu, SRT_CUDA_LAUNCHER(silu_and_mul_cuda));
+}
+
 py::dict build_info() {
   py::dict info;
   info["version"] = SARATHI_RT_VERSION;
@@ -163,6 +247,16 @@ PYBIND11_MODULE(_C, m) {
         py::arg("batch"), py::arg("total_q"), py::arg("num_q_heads"), py::arg("max_blocks_per_seq"),
         py::arg("q_strides"), py::arg("out_strides"), py::arg("cache_shape"), py::arg("scale"), py::arg("dtype"),
         py::arg("device"), py::arg("stream"));
+
+  m.def("rms_norm", &rms_norm, py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("out"),
+        py::arg("residual_out"), py::arg("num_tokens"), py::arg("hidden"), py::arg("row_strides"), py::arg("eps"),
+        py::arg("dtype"), py::arg("device"), py::arg("stream"));
+  m.def("rotary_embedding", &rotary_embedding, py::arg("positions"), py::arg("q"), py::arg("k"),
+        py::arg("cos_sin_cache"), py::arg("num_tokens"), py::arg("num_q_heads"), py::arg("num_kv_heads"),
+        py::arg("head_dim"), py::arg("rotary_dim"), py::arg("max_position"), py::arg("q_strides"),
+        py::arg("k_strides"), py::arg("dtype"), py::arg("device"), py::arg("stream"));
+  m.def("silu_and_mul", &silu_and_mul, py::arg("x"), py::arg("out"), py::arg("num_tokens"), py::arg("intermediate"),
+        py::arg("x_stride"), py::arg("out_stride"), py::arg("dtype"), py::arg("device"), py::arg("stream"));
 
   py::register_exception<OutOfBlocks>(m, "OutOfBlocksError", PyExc_MemoryError);
   py::class_<BlockAllocator>(m, "BlockAllocator")

@@ -1,5 +1,8 @@
 """Torch-tensor ops backed by the C++/CUDA core. CPU and CUDA tensors share one API."""
 from sarathi_rt.ops import reference
 from sarathi_rt.ops.attention import hybrid_attention, write_kv
+from sarathi_rt.ops.elementwise import rms_norm, rope_cos_sin_cache, rotary_embedding, silu_and_mul
+from sarathi_rt.ops.linear import linear
 
-__all__ = ["hybrid_attention", "write_kv", "reference"]
+__all__ = ["hybrid_attention", "write_kv", "reference", "linear", "rms_norm", "rope_cos_sin_cache",
+           "rotary_embedding", "silu_and_mul"]

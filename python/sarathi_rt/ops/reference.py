@@ -2,6 +2,8 @@
 against these, usually in float64."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -45,3 +47,63 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
         out[cu[b]:cu[b + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
     return out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    out = x @ weight.T
+    return out if bias is None else out + bias
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm(x [+ residual]) * weight in x's dtype; with a residual also returns the sum."""
+    h = x if residual is None else x + residual
+    out = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+    return out if residual is None else (out, h)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+    """Neox-style rotation of each head's first rotary_dim features, in place:
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) with x1, x2 the two halves."""
+    rotary_dim = cos_sin_cache.shape[1]
+    cos, sin = cos_sin_cache[positions].to(q.dtype)[:, None, :].chunk(2, dim=-1)
+    for x in (q, k):
+        x1, x2 = x[..., :rotary_dim // 2].clone(), x[..., rotary_dim // 2:rotary_dim].clone()
+        x[..., :rotary_dim // 2] = x1 * cos - x2 * sin
+        x[..., rotary_dim // 2:rotary_dim] = x2 * cos + x1 * sin
+
+
+def rope_inv_freq(rotary_dim: int, base: float, rope_scaling: dict | None = None) -> list[float]:
+    """Rotary frequencies in float64, written from the definitions: base^(-2i/d), and for
+    llama3 scaling: long wavelengths (> original context / low_freq_factor) slowed down by
+    `factor`, short ones (< original context / high_freq_factor) kept, and the band in
+    between interpolated linearly in original_context / wavelength."""
+    freqs = [base ** (-2 * i / rotary_dim) for i in range(rotary_dim // 2)]
+    kind = None if rope_scaling is None else rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if kind != "llama3":
+        return freqs
+    factor, low, high = rope_scaling["factor"], rope_scaling["low_freq_factor"], rope_scaling["high_freq_factor"]
+    context = rope_scaling["original_max_position_embeddings"]
+    scaled = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < context / high:
+            scaled.append(f)
+        elif wavelen > context / low:
+            scaled.append(f / factor)
+        else:
+            smooth = (context / wavelen - low) / (high - low)
+            scaled.append((1 - smooth) * f / factor + smooth * f)
+    return scaled
+
+
+def rope_cos_sin_cache(rotary_dim: int, max_position: int, base: float, rope_scaling: dict | None = None,
+                       dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    inv_freq = torch.tensor(rope_inv_freq(rotary_dim, base, rope_scaling), dtype=torch.float64)
+    angles = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1).to(dtype)
