@@ -150,6 +150,18 @@ def test_preemption_by_recompute_keeps_generated_tokens():
     assert s.num_free_blocks == 6
 
 
+def test_prefills_stuck_on_each_others_blocks_preempt_the_newest():
+    # Two half-done prompts fill the cache between them; neither can grow.
+    s = make(token_budget=64, chunk_size=32, max_num_seqs=4, max_partial_prefills=2,
+             block_size=4, num_blocks=16)
+    s.add_request("a", 60, 2)
+    s.add_request("b", 60, 2)
+    assert shape(step(s)[0]) == [("a", 32), ("b", 32)]
+    plan, _ = step(s)
+    assert plan.preempted == ["b"] and shape(plan) == [("a", 28)]
+    assert run_to_end(s) == ["a", "b"] and s.num_free_blocks == 16
+
+
 def test_request_that_can_never_fit_is_rejected():
     s = make(block_size=16, num_blocks=10)  # 160 tokens of KV
     s.add_request("ok", 100, 61)  # 160 KV tokens: the last token is never stored

@@ -164,7 +164,10 @@ def run_scenario(policy, sc):
                 shadows[rid].state = "aborted"
         in_flight = {rid for rid, sh in shadows.items() if sh.in_flight}
         idle_decodes = {rid for rid, sh in shadows.items() if sh.is_decode and not sh.in_flight}
+        work = sched.has_unfinished()
         plan = sched.schedule()
+        # A simulator or engine with nothing in flight must always get work to do.
+        assert plan.entries or not work or in_flight, "empty plan with work waiting"
         check_plan(cfg, policy, plan, shadows, idle_decodes, in_flight)
         check_fcfs(plan, shadows, unscheduled)
         pending.append(plan)

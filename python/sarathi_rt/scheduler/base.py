@@ -101,8 +101,9 @@ class Scheduler(ABC):
         b = StepBuilder(self._step, self.config.token_budget)
         self._build(b)
         # Prefills in progress may all wait on blocks that only they hold; with no
-        # decode to free any, preempt the newest until the oldest can move.
-        while not b.reqs and not self._pending and self._running:
+        # decode to free any, preempt the newest until the oldest can move. One
+        # request alone always moves (add_request checked it fits the whole cache).
+        while not b.reqs and not self._pending and len(self._running) > 1:
             self._preempt(next(reversed(self._running.values())), b)
             self._build(b)
         plan = b.plan
