@@ -6,7 +6,7 @@ from sarathi_rt._C import BlockAllocator
 
 class BlockManager:
     """Grows and frees the block lists that requests own. Callers check capacity
-    first (`can_hold` / `num_free`) so the hot path never relies on exceptions."""
+    first (`num_free`) so the hot path never relies on exceptions."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self._alloc = BlockAllocator(num_blocks)
@@ -22,14 +22,6 @@ class BlockManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
-
-    def extra_blocks(self, blocks: list[int], num_tokens: int) -> int:
-        """Blocks to add so that `blocks` holds `num_tokens` tokens."""
-        return max(0, -(-num_tokens // self.block_size) - len(blocks))
-
-    def tokens_holdable(self, blocks: list[int], limit: int) -> int:
-        """Most tokens `blocks` could hold after taking every free block (<= limit)."""
-        return min(limit, (len(blocks) + self._alloc.num_free) * self.block_size)
 
     def grow(self, blocks: list[int], num_tokens: int) -> bool:
         """Extend `blocks` to hold `num_tokens` tokens; False (and no change) if the
