@@ -1,0 +1,195 @@
+"""Serving workloads: when requests arrive and how long their prompts and outputs are.
+
+Lengths come from real traces shipped in sarathi_rt/data (see data/README.md) or from
+fixed/uniform synthetic distributions; arrivals are Poisson, gamma (bursty), evenly
+spaced, or the trace's own timestamps. Everything is seeded."""
+from __future__ import annotations
+
+import csv
+import functools
+import gzip
+import io
+import os
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+
+BUILTIN_TRACES = {
+    "sharegpt": "sharegpt_8k_filtered_stats_llama2_tokenizer.csv.gz",
+    "arxiv": "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv.gz",
+    "splitwise": "splitwise_conv.csv.gz",
+}
+ARRIVALS = ("poisson", "gamma", "fixed", "trace")
+SYNTHETIC_LENGTHS = ("fixed", "uniform")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Request lengths (and, for some traces, arrival times in seconds) in trace order."""
+
+    name: str
+    num_prompt_tokens: np.ndarray
+    num_decode_tokens: np.ndarray
+    arrival_times: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.num_prompt_tokens)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    request_id: int
+    arrival_time: float
+    num_prompt_tokens: int
+    num_decode_tokens: int
+
+
+def data_path(filename: str) -> str:
+    """Path of a file shipped in sarathi_rt/data."""
+    return str(resources.files("sarathi_rt") / "data" / filename)
+
+
+def load_trace(name_or_path: str) -> Trace:
+    """A built-in trace by name (see BUILTIN_TRACES) or a CSV (optionally .gz) with
+    columns num_prefill_tokens, num_decode_tokens and optionally arrived_at."""
+    if name_or_path in BUILTIN_TRACES:
+        return _read_trace(data_path(BUILTIN_TRACES[name_or_path]), name_or_path)
+    if not os.path.isfile(name_or_path):
+        raise ValueError(f"trace must be one of {sorted(BUILTIN_TRACES)} or a CSV file path, "
+                         f"got {name_or_path!r}")
+    return _read_trace(os.path.abspath(name_or_path), os.path.basename(name_or_path))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_trace(path: str, name: str) -> Trace:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as raw:
+        rows = list(csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline="")))
+    if not rows or not {"num_prefill_tokens", "num_decode_tokens"} <= rows[0].keys():
+        raise ValueError(f"trace {path!r} needs columns num_prefill_tokens,num_decode_tokens "
+                         f"(and optionally arrived_at) and at least one row")
+    try:
+        prompt = np.array([int(float(r["num_prefill_tokens"])) for r in rows], dtype=np.int64)
+        decode = np.array([int(float(r["num_decode_tokens"])) for r in rows], dtype=np.int64)
+        arrivals = np.array([float(r["arrived_at"]) for r in rows]) if "arrived_at" in rows[0] else None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"trace {path!r} has a non-numeric cell: {e}") from None
+    if (prompt <= 0).any() or (decode <= 0).any():
+        raise ValueError(f"trace {path!r} has a request with a non-positive token count")
+    if arrivals is not None and (np.diff(arrivals) < 0).any():
+        raise ValueError(f"trace {path!r}: arrived_at must be non-decreasing")
+    for a in (prompt, decode, arrivals):
+        if a is not None:
+            a.setflags(write=False)  # cached and shared between callers
+    return Trace(name, prompt, decode, arrivals)
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """How to build a workload.
+
+    lengths: a built-in trace name, a trace CSV path, "fixed" (prompt_len/decode_len)
+        or "uniform" (integers drawn from prompt_range/decode_range, inclusive).
+    length_scale: trace lengths are multiplied by this (rounded, at least 1), to fit
+        a small model or a CPU run.
+    max_total_tokens: trace requests whose scaled prompt + decode exceed this are
+        skipped (a model's context length).
+    arrival: "poisson" at qps; "gamma" at qps with coefficient of variation `cv`
+        (cv > 1 is burstier than Poisson); "fixed" evenly spaced at qps; "trace" the
+        trace's own arrived_at times, rescaled to an average of qps.
+    """
+
+    num_requests: int = 100
+    qps: float = 1.0
+    arrival: str = "poisson"
+    cv: float = 2.0
+    lengths: str = "sharegpt"
+    length_scale: float = 1.0
+    prompt_len: int = 512
+    decode_len: int = 128
+    prompt_range: tuple[int, int] = (64, 1024)
+    decode_range: tuple[int, int] = (16, 256)
+    max_total_tokens: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_requests", "prompt_len", "decode_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not (isinstance(self.qps, (int, float)) and self.qps > 0 and np.isfinite(self.qps)):
+            raise ValueError(f"qps must be a positive finite number, got {self.qps!r}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival must be one of {ARRIVALS}, got {self.arrival!r}")
+        if not self.cv > 0:
+            raise ValueError(f"cv must be > 0, got {self.cv!r}")
+        if not self.length_scale > 0:
+            raise ValueError(f"length_scale must be > 0, got {self.length_scale!r}")
+        for name in ("prompt_range", "decode_range"):
+            lo, hi = getattr(self, name)
+            if not (isinstance(lo, int) and isinstance(hi, int) and 0 < lo <= hi):
+                raise ValueError(f"{name} must be (lo, hi) ints with 0 < lo <= hi, got {(lo, hi)!r}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 2:
+            raise ValueError(f"max_total_tokens must be >= 2 or None, got {self.max_total_tokens!r}")
+        if self.arrival == "trace" and self.lengths in SYNTHETIC_LENGTHS:
+            raise ValueError(f"arrival='trace' needs a trace in lengths, got {self.lengths!r}")
+        if self.lengths not in SYNTHETIC_LENGTHS:
+            load_trace(self.lengths)  # fail here, naming the value, not mid-benchmark
+
+
+def make_workload(config: WorkloadConfig) -> list[RequestSpec]:
+    """Requests with ids 0..n-1 in arrival order; the same config gives the same list."""
+    rng = np.random.default_rng(config.seed)
+    prompt, decode, trace_times = _lengths(config, rng)
+    n = config.num_requests
+    if config.arrival == "poisson":
+        arrivals = np.cumsum(rng.exponential(1.0 / config.qps, n))
+    elif config.arrival == "gamma":
+        shape = 1.0 / config.cv ** 2  # mean shape*scale = 1/qps, cv = 1/sqrt(shape)
+        arrivals = np.cumsum(rng.gamma(shape, 1.0 / (config.qps * shape), n))
+    elif config.arrival == "fixed":
+        arrivals = np.arange(n) / config.qps
+    else:
+        assert trace_times is not None
+        arrivals = _rescale(trace_times - trace_times[0], config.qps)
+    arrivals = arrivals - arrivals[0]  # the first request arrives at t = 0
+    return [RequestSpec(i, float(arrivals[i]), int(prompt[i]), int(decode[i])) for i in range(n)]
+
+
+def _lengths(config: WorkloadConfig, rng: np.random.Generator
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    n = config.num_requests
+    if config.lengths == "fixed":
+        return np.full(n, config.prompt_len), np.full(n, config.decode_len), None
+    if config.lengths == "uniform":
+        (pl, ph), (dl, dh) = config.prompt_range, config.decode_range
+        return rng.integers(pl, ph + 1, n), rng.integers(dl, dh + 1, n), None
+    trace = load_trace(config.lengths)
+    if config.arrival == "trace" and trace.arrival_times is None:
+        raise ValueError(f"arrival='trace' but trace {config.lengths!r} has no arrived_at column")
+    prompt = np.maximum(1, np.rint(trace.num_prompt_tokens * config.length_scale)).astype(np.int64)
+    decode = np.maximum(1, np.rint(trace.num_decode_tokens * config.length_scale)).astype(np.int64)
+    keep = np.ones(len(trace), dtype=bool)
+    if config.max_total_tokens is not None:
+        keep = prompt + decode <= config.max_total_tokens
+    idx = np.flatnonzero(keep)
+    if len(idx) == 0:
+        raise ValueError(f"no request of trace {config.lengths!r} fits max_total_tokens="
+                         f"{config.max_total_tokens} at length_scale={config.length_scale}")
+    if config.arrival == "trace":
+        # Trace order keeps lengths paired with their timestamps.
+        if n > len(idx):
+            raise ValueError(f"num_requests ({n}) exceeds the {len(idx)} usable requests of trace "
+                             f"{config.lengths!r}, which arrival='trace' replays once")
+        idx = idx[:n]
+        return prompt[idx], decode[idx], trace.arrival_times[idx]  # type: ignore[index]
+    picks = rng.permutation(idx) if n <= len(idx) else rng.choice(idx, n)
+    return prompt[picks[:n]], decode[picks[:n]], None
+
+
+def _rescale(times: np.ndarray, qps: float) -> np.ndarray:
+    span = times[-1] - times[0]
+    if len(times) < 2 or span <= 0:
+        return np.arange(len(times)) / qps
+    return times * ((len(times) - 1) / span) / qps
