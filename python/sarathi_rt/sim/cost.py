@@ -1,0 +1,225 @@
+"""Cost models: how long one step (a BatchPlan) takes on a device, without running it.
+
+* `LinearCostModel`: fixed + per-token seconds, for tests and back-of-envelope runs.
+* `TableCostModel`: T(n) measured on this machine by `budget.profile_step_time`.
+* `VidurCostModel`: per-operation GPU times measured by vidur (`mlp.csv`) plus an
+  attention term from FLOPs and KV bytes with stated peak numbers and efficiencies.
+"""
+from __future__ import annotations
+
+import bisect
+import csv
+import gzip
+import io
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from sarathi_rt.scheduler import BatchPlan
+
+
+class CostModel(Protocol):
+    def step_time(self, plan: BatchPlan) -> float:
+        """Seconds for one step of `plan` on the whole model (one pipeline stage holds
+        1/stages of the layers)."""
+
+    def comm_time(self, num_tokens: int) -> float:
+        """Seconds to send the activations of `num_tokens` tokens to the next pipeline stage."""
+
+
+def interpolate_measured(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """y at x from sorted measured points: linear between the two measured neighbours
+    only (so a tile staircase with points on both sides of each step survives), ys[0]
+    below the first point, and proportional to x beyond the last (large GEMMs are
+    linear in their row count)."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1] * x / xs[-1]
+    i = bisect.bisect_left(xs, x)
+    if xs[i] == x:
+        return ys[i]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class LinearCostModel:
+    """T(plan) = fixed_s + per_token_s * num_tokens; comm_s per pipeline hop."""
+
+    fixed_s: float = 0.01
+    per_token_s: float = 1e-4
+    comm_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("fixed_s", "per_token_s", "comm_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+
+    def step_time(self, plan: BatchPlan) -> float:
+        return self.fixed_s + self.per_token_s * plan.num_tokens
+
+    def comm_time(self, num_tokens: int) -> float:
+        return self.comm_s
+
+
+class TableCostModel:
+    """Step time interpolated from measured (num_tokens, seconds) points, e.g. a
+    `StepTimeProfile`. The points were taken with representative decode counts and
+    context lengths, so the model depends on the token count only."""
+
+    def __init__(self, num_tokens: Sequence[int], seconds: Sequence[float], comm_s: float = 0.0) -> None:
+        if len(num_tokens) != len(seconds) or not num_tokens:
+            raise ValueError("num_tokens and seconds must be non-empty and of equal length")
+        pairs = sorted(zip(num_tokens, seconds))
+        if any(a[0] == b[0] for a, b in zip(pairs, pairs[1:])) or pairs[0][0] <= 0:
+            raise ValueError("num_tokens must be distinct positive ints")
+        if any(not s > 0 for _, s in pairs):
+            raise ValueError("seconds must all be > 0")
+        self._xs = [float(n) for n, _ in pairs]
+        self._ys = [float(s) for _, s in pairs]
+        self.comm_s = comm_s
+
+    def step_time(self, plan: BatchPlan) -> float:
+        return interpolate_measured(self._xs, self._ys, plan.num_tokens)
+
+    def comm_time(self, num_tokens: int) -> float:
+        return self.comm_s
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Peak numbers of one GPU. `link_bw`: bytes/s between pipeline stages."""
+
+    name: str
+    peak_flops: float
+    mem_bw: float
+    link_bw: float = 25e9  # 200 Gb/s InfiniBand between nodes
+    link_latency_s: float = 10e-6
+    allreduce_bw: float = 150e9  # NVLink bus bandwidth a ring all-reduce reaches
+
+
+# bf16 dense tensor-core peak and HBM2e bandwidth of an A100-80GB.
+A100 = Hardware("a100", peak_flops=312e12, mem_bw=2.0e12)
+
+# Every per-layer op in vidur's mlp.csv; `add` (the residual add) runs twice a layer.
+_LAYER_OPS = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_post_proj": 1,
+              "post_attention_layernorm": 1, "mlp_up_proj": 1, "mlp_act": 1, "mlp_down_proj": 1,
+              "add": 2}
+
+
+class VidurCostModel:
+    """Step time for a LLaMA-style model from vidur's measured per-op GPU times.
+
+    Linear layers, norms, rope and activation: the sum of the ops' median times at
+    the step's token count (duplicate measurements of one count are averaged;
+    `interpolate_measured` between counts), times num_layers, plus the embedding.
+    Attention, per layer, is a roofline over the whole batch: max(FLOPs /
+    (peak_flops * attn_flops_eff), KV bytes / (mem_bw * attn_bw_eff)), where a query
+    at position p attends to p + 1 keys (4 * head_dim FLOPs per query head and key)
+    and every request reads its K and V once. The LM head is a GEMM over the tokens
+    that sample, at gemm_eff of peak. Tensor parallelism picks the profile's rows for
+    `tp` workers, splits heads, and adds two ring all-reduces per layer.
+    """
+
+    def __init__(self, profile_path: str, num_layers: int = 32, tp: int = 1, hardware: Hardware = A100,
+                 attn_flops_eff: float = 0.5, attn_bw_eff: float = 0.7, gemm_eff: float = 0.7,
+                 dtype_bytes: int = 2) -> None:
+        if not isinstance(num_layers, int) or num_layers <= 0:
+            raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+        for name, eff in (("attn_flops_eff", attn_flops_eff), ("attn_bw_eff", attn_bw_eff),
+                          ("gemm_eff", gemm_eff)):
+            if not 0 < eff <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {eff!r}")
+        rows = _read_profile(profile_path)
+        tps = sorted({int(r["num_tensor_parallel_workers"]) for r in rows})
+        if tp not in tps:
+            raise ValueError(f"tp={tp!r} is not in profile {profile_path!r} (it has {tps})")
+        rows = [r for r in rows if int(r["num_tensor_parallel_workers"]) == tp]
+        shape = rows[0]
+        self.num_layers, self.tp, self.hw = num_layers, tp, hardware
+        self.n_head = int(shape["n_head"]) // tp
+        self.n_kv_head = max(1, int(shape["n_kv_head"]) // tp)
+        self.hidden = int(shape["n_embd"])
+        self.head_dim = self.hidden // int(shape["n_head"])
+        self.vocab = int(shape["vocab_size"])
+        self.intermediate = int(shape["n_expanded_embd"])
+        self._full_kv_heads = int(shape["n_kv_head"])
+        self._gated = str(shape.get("use_gated_mlp", "True")).lower() in ("true", "1")
+        self.attn_flops_eff, self.attn_bw_eff, self.gemm_eff = attn_flops_eff, attn_bw_eff, gemm_eff
+        self.dtype_bytes = dtype_bytes
+        layer, emb = defaultdict(list), defaultdict(list)
+        for r in rows:
+            n = int(r["num_tokens"])
+            layer[n].append(sum(k * float(r[f"time_stats.{op}.median"]) for op, k in _LAYER_OPS.items()))
+            emb[n].append(float(r["time_stats.emb.median"]))
+        self._xs = [float(n) for n in sorted(layer)]
+        self._layer_s = [1e-3 * sum(layer[n]) / len(layer[n]) for n in sorted(layer)]
+        self._emb_s = [1e-3 * sum(emb[n]) / len(emb[n]) for n in sorted(emb)]
+        self._dense_cache: dict[int, float] = {}
+
+    def kv_cache_blocks(self, block_size: int = 16, mem_bytes: float = 80e9, utilization: float = 0.9) -> int:
+        """KV blocks that fit one GPU (one TP shard, all layers) beside its weights."""
+        h, kv = self.hidden, self._full_kv_heads * self.head_dim
+        per_layer = 2 * h * h + 2 * h * kv + (3 if self._gated else 2) * h * self.intermediate
+        weights = (self.num_layers * per_layer + 2 * self.vocab * h) * self.dtype_bytes / self.tp
+        per_token = 2 * self.num_layers * self.n_kv_head * self.head_dim * self.dtype_bytes
+        free = mem_bytes * utilization - weights
+        if free < per_token * block_size:
+            raise ValueError(f"mem_bytes={mem_bytes:.3g} leaves no room for the KV cache "
+                             f"beside {weights / 1e9:.1f} GB of weights")
+        return int(free // (per_token * block_size))
+
+    def dense_time(self, num_tokens: int) -> float:
+        """Everything but attention and the LM head, for `num_tokens` tokens."""
+        t = self._dense_cache.get(num_tokens)
+        if t is None:
+            t = self.num_layers * interpolate_measured(self._xs, self._layer_s, num_tokens) + \
+                interpolate_measured(self._xs, self._emb_s, num_tokens)
+            if self.tp > 1:
+                nbytes = num_tokens * self.hidden * self.dtype_bytes
+                t += 2 * self.num_layers * 2 * (self.tp - 1) / self.tp * nbytes / self.hw.allreduce_bw
+            self._dense_cache[num_tokens] = t
+        return t
+
+    def attention_and_head_time(self, plan: BatchPlan) -> tuple[float, float]:
+        """(attention, LM head) seconds of `plan`; one pass over its entries, since the
+        simulator calls this for every step."""
+        keys = kv_tokens = sampled = 0  # keys: (query, key) pairs
+        for e in plan.entries:
+            q, start = e.num_tokens, e.start_pos
+            keys += q * start + q * (q + 1) // 2
+            kv_tokens += start + q
+            sampled += e.emits_token
+        hw = self.hw
+        flops = 4 * self.n_head * self.head_dim * keys
+        nbytes = 2 * kv_tokens * self.n_kv_head * self.head_dim * self.dtype_bytes
+        attention = self.num_layers * max(flops / (hw.peak_flops * self.attn_flops_eff),
+                                          nbytes / (hw.mem_bw * self.attn_bw_eff))
+        head = 2 * sampled * self.hidden * self.vocab / self.tp / (hw.peak_flops * self.gemm_eff)
+        return attention, head
+
+    def step_time(self, plan: BatchPlan) -> float:
+        # The measured times already hold the tile staircase: no padding is added.
+        return self.dense_time(plan.num_tokens) + sum(self.attention_and_head_time(plan))
+
+    def comm_time(self, num_tokens: int) -> float:
+        return self.hw.link_latency_s + num_tokens * self.hidden * self.dtype_bytes / self.hw.link_bw
+
+
+def _read_profile(path: str) -> list[dict[str, str]]:
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as raw:
+            rows = list(csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline="")))
+    except OSError as e:
+        raise ValueError(f"profile {path!r} cannot be read: {e}") from None
+    need = {"num_tokens", "num_tensor_parallel_workers", "n_head", "n_kv_head", "n_embd", "vocab_size",
+            "time_stats.emb.median"} | {f"time_stats.{op}.median" for op in _LAYER_OPS}
+    if not rows or not need <= rows[0].keys():
+        missing = sorted(need - (rows[0].keys() if rows else set()))
+        raise ValueError(f"profile {path!r} is not a vidur mlp.csv: missing columns {missing}")
+    if any(not math.isfinite(float(r["time_stats.attn_pre_proj.median"])) for r in rows):
+        raise ValueError(f"profile {path!r} has non-finite times")
+    return rows
