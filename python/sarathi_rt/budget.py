@@ -1,0 +1,169 @@
+"""The token budget from a TBT SLO: measure step time T(n) for hybrid batches of n
+tokens, then take the largest tile-aligned n whose T(n) stays within the SLO.
+
+A representative hybrid batch of n tokens carries min(num_decodes, n) decodes, each
+over context_len cached tokens, and one prefill chunk of the remaining tokens that
+starts at position context_len (a middle chunk of a long prompt)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from sarathi_rt.scheduler import BatchPlan, PlanEntry
+from sarathi_rt.sim.cost import CostModel, TableCostModel, interpolate_measured
+
+if TYPE_CHECKING:
+    from sarathi_rt.engine import LLMEngine
+
+
+@dataclass(frozen=True)
+class StepTimeProfile:
+    num_tokens: tuple[int, ...]
+    seconds: tuple[float, ...]  # median step time at each count
+    num_decodes: int
+    context_len: int
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.num_tokens or len(self.num_tokens) != len(self.seconds):
+            raise ValueError("num_tokens and seconds must be non-empty and of equal length")
+        if list(self.num_tokens) != sorted(set(self.num_tokens)) or self.num_tokens[0] <= 0:
+            raise ValueError(f"num_tokens must be increasing positive ints, got {self.num_tokens!r}")
+
+    def step_time(self, num_tokens: int) -> float:
+        return interpolate_measured(self.num_tokens, self.seconds, num_tokens)
+
+    def cost_model(self) -> TableCostModel:
+        """A simulator cost model from these measurements."""
+        return TableCostModel(self.num_tokens, self.seconds)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> StepTimeProfile:
+        with open(path) as f:
+            d = json.load(f)
+        return cls(tuple(d["num_tokens"]), tuple(d["seconds"]), d["num_decodes"], d["context_len"],
+                   d.get("label", ""))
+
+
+def _check_counts(token_counts: Sequence[int], num_decodes: int, context_len: int) -> list[int]:
+    counts = sorted(set(token_counts))
+    if not counts or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in counts):
+        raise ValueError(f"token_counts must be positive ints, got {list(token_counts)!r}")
+    if not isinstance(num_decodes, int) or num_decodes < 0:
+        raise ValueError(f"num_decodes must be an int >= 0, got {num_decodes!r}")
+    if not isinstance(context_len, int) or context_len < 1:
+        raise ValueError(f"context_len must be an int >= 1, got {context_len!r}")
+    return counts
+
+
+def hybrid_batch(num_tokens: int, num_decodes: int, context_len: int) -> list[tuple[int, int, bool]]:
+    """(start_pos, num_tokens, is_prefill) of each entry of the representative batch."""
+    d = min(num_decodes, num_tokens)
+    rows = [(context_len, 1, False)] * d
+    if num_tokens > d:
+        rows.append((context_len, num_tokens - d, True))
+    return rows
+
+
+def profile_cost_model(cost_model: CostModel, token_counts: Sequence[int], *, num_decodes: int = 32,
+                       context_len: int = 1024, label: str = "") -> StepTimeProfile:
+    """T(n) as a cost model predicts it, for the same batches profile_step_time runs."""
+    counts = _check_counts(token_counts, num_decodes, context_len)
+    seconds = []
+    for n in counts:
+        plan = BatchPlan(0)
+        for i, (start, q, prefill) in enumerate(hybrid_batch(n, num_decodes, context_len)):
+            plan.entries.append(PlanEntry(i, start, q, prefill, not prefill))
+            if prefill:
+                plan.num_prefill_tokens += q
+            else:
+                plan.num_decode_tokens += q
+        seconds.append(cost_model.step_time(plan))
+    return StepTimeProfile(tuple(counts), tuple(seconds), num_decodes, context_len, label)
+
+
+def profile_step_time(engine: LLMEngine, token_counts: Sequence[int], *, num_decodes: int = 32,
+                      context_len: int = 1024, repeats: int = 5, warmup: int = 2) -> StepTimeProfile:
+    """Median wall time of real steps through `engine`'s executor (model forward and
+    sampling) for each token count. The engine must be idle: the batches write
+    throwaway KV into its cache blocks."""
+    from sarathi_rt.engine.step_io import RowSampling, SequenceChunk, StepInput
+
+    counts = _check_counts(token_counts, num_decodes, context_len)
+    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
+    if engine.has_unfinished():
+        raise ValueError("engine has unfinished requests; profile_step_time needs an idle engine")
+    bs = engine.config.block_size
+    num_blocks = engine.executor.num_kv_blocks
+    vocab = engine.model_config.vocab_size
+    greedy = RowSampling(temperature=0.0, top_k=None, top_p=1.0, seed=0, num_generated=0)
+    seconds = []
+    for n in counts:
+        chunks, next_block = [], 0
+        for i, (start, q, prefill) in enumerate(hybrid_batch(n, num_decodes, context_len)):
+            need = -(-(start + q) // bs)
+            if next_block + need > num_blocks:
+                raise ValueError(f"a {n}-token batch with {num_decodes} decodes at context_len={context_len} "
+                                 f"needs more than the engine's {num_blocks} KV blocks")
+            table = list(range(next_block, next_block + need))
+            next_block += need
+            ids = [(7919 * (i + 1) + 31 * k) % vocab for k in range(q)]
+            chunks.append(SequenceChunk(i, ids, start, table, None if prefill else greedy))
+        step = StepInput(0, chunks)
+        times = []
+        for r in range(warmup + repeats):
+            t0 = time.perf_counter()
+            engine.executor.execute(step)
+            if r >= warmup:
+                times.append(time.perf_counter() - t0)
+        seconds.append(statistics.median(times))
+    return StepTimeProfile(tuple(counts), tuple(seconds), num_decodes, context_len,
+                           label=f"{engine.config.model} on {engine.config.device}")
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    token_budget: int
+    step_time: float  # T(token_budget)
+    tbt_slo: float
+    margin: float
+    tile_size: int
+
+
+def choose_token_budget(profile: StepTimeProfile, tbt_slo: float, tile_size: int = 128, *,
+                        margin: float = 0.1, plot_path: str | os.PathLike[str] | None = None) -> BudgetChoice:
+    """The largest multiple of tile_size (up to the largest profiled count) such that it
+    and every smaller multiple take at most tbt_slo * (1 - margin); the margin absorbs longer contexts and
+    noise. Writes a PNG of T(n) with the choice to plot_path when given. Raises
+    ValueError when not even one tile meets the SLO."""
+    if not (isinstance(tbt_slo, (int, float)) and tbt_slo > 0 and math.isfinite(tbt_slo)):
+        raise ValueError(f"tbt_slo must be a positive finite number of seconds, got {tbt_slo!r}")
+    if not isinstance(tile_size, int) or isinstance(tile_size, bool) or tile_size <= 0:
+        raise ValueError(f"tile_size must be a positive int, got {tile_size!r}")
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be in [0, 1), got {margin!r}")
+    limit = tbt_slo * (1 - margin)
+    best = None
+    for n in range(tile_size, profile.num_tokens[-1] + 1, tile_size):
+        t = profile.step_time(n)
+        if t > limit:  # stop at the first miss: a noisy dip beyond it is no promise
+            break
+        best = BudgetChoice(n, t, tbt_slo, margin, tile_size)
+    if best is None:
+        raise ValueError(f"tbt_slo={tbt_slo} s is out of reach: a {tile_size}-token step takes "
+                         f"{profile.step_time(tile_size):.4g} s (limit {limit:.4g} s with margin {margin})")
+    if plot_path is not None:
+        from sarathi_rt.plots import plot_step_time
+
+        plot_step_time(profile, best, plot_path)
+    return best

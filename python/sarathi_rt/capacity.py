@@ -1,0 +1,100 @@
+"""Serving capacity: the highest request rate (QPS) a policy sustains within an SLO.
+
+The paper's definition: P99 time-between-tokens <= the TBT SLO and P50 scheduling
+delay <= 2 s. Latencies grow with load, so the largest passing QPS is found by
+bracketing (doubling or halving from a start) and then bisection."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from sarathi_rt.metrics import DEFAULT_STALL_FACTOR, MetricsSummary
+from sarathi_rt.scheduler import SchedulerConfig
+from sarathi_rt.sim import CostModel, simulate
+from sarathi_rt.workloads import WorkloadConfig, make_workload
+
+
+@dataclass(frozen=True)
+class SLO:
+    tbt_p99: float
+    sched_delay_p50: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("tbt_p99", "sched_delay_p50"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
+
+    def met_by(self, summary: MetricsSummary) -> bool:
+        """NaN (no TBT measured, e.g. one-token outputs) counts as met for TBT only."""
+        tbt_ok = math.isnan(summary.tbt.p99) or summary.tbt.p99 <= self.tbt_p99
+        return tbt_ok and summary.sched_delay.p50 <= self.sched_delay_p50
+
+
+@dataclass(frozen=True)
+class Probe:
+    qps: float
+    tbt_p99: float
+    sched_delay_p50: float
+    ok: bool
+
+
+@dataclass
+class CapacityResult:
+    policy: str
+    max_qps: float  # 0.0 when even the lowest probed rate fails
+    probes: list[Probe] = field(default_factory=list)
+
+
+def find_capacity(run: Callable[[float], MetricsSummary], slo: SLO, *, policy: str = "",
+                  qps_start: float = 1.0, rel_tol: float = 0.02, max_probes: int = 30,
+                  min_qps: float = 1e-3) -> CapacityResult:
+    """Largest QPS at which `run(qps)` meets `slo`, to within `rel_tol` (relative),
+    using at most `max_probes` runs. Assumes latency does not fall as load rises."""
+    if not qps_start > 0:
+        raise ValueError(f"qps_start must be > 0, got {qps_start!r}")
+    if not 0 < rel_tol < 1:
+        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
+    if not isinstance(max_probes, int) or max_probes < 2:
+        raise ValueError(f"max_probes must be an int >= 2, got {max_probes!r}")
+    result = CapacityResult(policy, 0.0)
+
+    def ok(qps: float) -> bool:
+        s = run(qps)
+        passed = slo.met_by(s)
+        result.probes.append(Probe(qps, s.tbt.p99, s.sched_delay.p50, passed))
+        return passed
+
+    lo, hi = 0.0, qps_start
+    while len(result.probes) < max_probes and ok(hi):  # grow until a failure brackets it
+        lo, hi = hi, hi * 2
+    if lo == 0.0:  # qps_start failed: shrink until a pass
+        while len(result.probes) < max_probes and hi > min_qps:
+            if ok(hi / 2):
+                lo = hi / 2
+                break
+            hi /= 2
+        if lo == 0.0:
+            return result
+    while len(result.probes) < max_probes and hi - lo > rel_tol * hi:
+        mid = (lo + hi) / 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    result.max_qps = lo
+    return result
+
+
+def simulated_capacity(workload: WorkloadConfig, scheduler_config: SchedulerConfig, cost_model: CostModel,
+                       slo: SLO, *, pipeline_stages: int = 1, stall_factor: float = DEFAULT_STALL_FACTOR,
+                       **search: float | int) -> CapacityResult:
+    """find_capacity on the simulator: the same requests (seeded) at each probed rate."""
+
+    def run(qps: float) -> MetricsSummary:
+        requests = make_workload(replace(workload, qps=qps))
+        return simulate(requests, scheduler_config, cost_model,
+                        pipeline_stages=pipeline_stages).summary(stall_factor)
+
+    return find_capacity(run, slo, policy=scheduler_config.policy, **search)  # type: ignore[arg-type]

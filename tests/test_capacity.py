@@ -1,0 +1,78 @@
+"""Capacity search: bisection on synthetic and simulated runs with known answers."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from sarathi_rt.capacity import SLO, find_capacity, simulated_capacity
+from sarathi_rt.metrics import Distribution, MetricsSummary
+from sarathi_rt.scheduler import SchedulerConfig
+from sarathi_rt.sim import LinearCostModel
+from sarathi_rt.workloads import WorkloadConfig
+
+
+def _summary(tbt_p99: float, delay_p50: float) -> MetricsSummary:
+    nan = Distribution.of([])
+    return MetricsSummary(1, 1, nan, Distribution(0, 0, tbt_p99, 0, tbt_p99), Distribution(delay_p50, 0, 0, 0, 0),
+                          nan, nan, 0, 0.0, 1.0, 1, 1, 0, 1.0)
+
+
+def test_bisection_finds_a_known_threshold() -> None:
+    # P99 TBT grows with load and crosses the 0.1 s SLO at exactly 3.7 QPS.
+    res = find_capacity(lambda q: _summary(0.1 * q / 3.7, 0.0), SLO(0.1), rel_tol=0.001, max_probes=40)
+    assert 3.7 * (1 - 0.001) <= res.max_qps <= 3.7
+    assert all(p.ok == (p.qps <= 3.7) for p in res.probes)
+    low = find_capacity(lambda q: _summary(0.0, 2.0 * q / 0.3), SLO(0.1), rel_tol=0.01, max_probes=40)
+    assert 0.3 * 0.99 <= low.max_qps <= 0.3  # bracketed from above by halving
+    never = find_capacity(lambda q: _summary(1.0, 0.0), SLO(0.1), max_probes=8)
+    assert never.max_qps == 0.0 and len(never.probes) == 8
+
+
+def test_nan_tbt_counts_as_met() -> None:
+    assert SLO(0.1).met_by(_summary(math.nan, 1.0))
+    assert not SLO(0.1).met_by(_summary(math.nan, 3.0))
+
+
+def test_simulated_capacity_toy_known_answer() -> None:
+    # One request at a time (max_num_seqs=1), 10 steps of 0.1 s each: service rate is
+    # exactly 1 QPS. With evenly spaced arrivals at q > 1 QPS request i waits
+    # i * (1 - 1/q) s; the median of 101 requests (i = 50) stays <= 2 s up to
+    # q = 1 / (1 - 2/50) = 1.041666... TBT is always one 0.1 s step (SLO 0.15 s).
+    workload = WorkloadConfig(num_requests=101, arrival="fixed", lengths="fixed", prompt_len=4, decode_len=10)
+    sched = SchedulerConfig(token_budget=16, max_num_seqs=1, num_blocks=64)
+    res = simulated_capacity(workload, sched, LinearCostModel(0.1, 0.0), SLO(0.15), rel_tol=0.002, max_probes=30)
+    assert 1 / 0.96 * (1 - 0.003) <= res.max_qps <= 1 / 0.96 + 1e-9
+    # The same toy under a 0.05 s TBT SLO fails at every rate.
+    assert simulated_capacity(workload, sched, LinearCostModel(0.1, 0.0), SLO(0.05), max_probes=6).max_qps == 0.0
+
+
+@pytest.mark.parametrize("kwargs, match", [({"qps_start": 0.0}, "qps_start"), ({"rel_tol": 1.5}, "rel_tol"),
+                                           ({"max_probes": 1}, "max_probes")])
+def test_bad_search_arguments(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        find_capacity(lambda q: _summary(0.0, 0.0), SLO(0.1), **kwargs)
+
+
+def test_bad_slo() -> None:
+    with pytest.raises(ValueError, match="tbt_p99"):
+        SLO(0.0)
+    with pytest.raises(ValueError, match="sched_delay_p50"):
+        SLO(0.1, float("nan"))
+
+
+def test_capacity_command_on_the_simulator(tmp_path) -> None:
+    from sarathi_rt.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n" + "".join(f"{200 + 37 * i % 900},{20 + i % 30}\n"
+                                                                          for i in range(40)))
+    out = tmp_path / "cap"
+    assert main(["capacity", "--simulate", "--policy", "sarathi,vllm", "--tbt-slo", "0.1", "--trace", str(trace),
+                 "--num-requests", "40", "--max-probes", "6", "--out", str(out)]) == 0
+    caps = json.loads((out / "capacity.json").read_text())
+    assert set(caps) == {"sarathi", "vllm"} and all(v > 0 for v in caps.values())
+    assert (out / "capacity.png").stat().st_size > 0 and (out / "step_time.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="--policy"):
+        main(["capacity", "--simulate", "--policy", "fifo", "--tbt-slo", "0.1", "--out", str(out)])
