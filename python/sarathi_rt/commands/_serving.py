@@ -1,0 +1,140 @@
+"""What `sarathi-rt bench` and `sarathi-rt capacity` share: workload, scheduler and
+simulator flags, and one serving run of a policy (real engine or simulator)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from sarathi_rt.metrics import RequestMetrics, StepMetrics
+from sarathi_rt.scheduler import SchedulerConfig, available_policies, get_policy
+from sarathi_rt.sim import VidurCostModel, simulate
+from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, data_path
+
+DEFAULT_PROFILE = "a100_llama-2-7b_mlp.csv.gz"
+
+
+def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
+    w = p.add_argument_group("workload")
+    w.add_argument("--trace", default="sharegpt",
+                   help=f"request lengths: {', '.join(BUILTIN_TRACES)}, a CSV path "
+                        "(num_prefill_tokens,num_decode_tokens[,arrived_at]), fixed or uniform")
+    w.add_argument("--length-scale", type=float, default=None,
+                   help="multiply trace lengths by this (default: 1/16 on the engine, 1 simulated)")
+    w.add_argument("--num-requests", type=int, default=None)
+    w.add_argument("--arrival", choices=ARRIVALS, default="poisson")
+    w.add_argument("--seed", type=int, default=0)
+    s = p.add_argument_group("scheduler")
+    s.add_argument("--policy", default=policies, help=f"comma-separated, of {', '.join(available_policies())}")
+    s.add_argument("--token-budget", type=int, default=None, help="tokens per step of the chunked policies")
+    s.add_argument("--chunk-size", type=int, default=None, help="largest prefill chunk (default: the budget)")
+    s.add_argument("--tile-size", type=int, default=None, help="GEMM tile rows to align steps to")
+    s.add_argument("--max-num-seqs", type=int, default=None)
+    s.add_argument("--block-size", type=int, default=16)
+    s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: sized from memory)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--model", default="cpu-small", help="preset name or Hugging Face directory")
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--dtype", default="float32")
+    m = p.add_argument_group("simulator")
+    m.add_argument("--simulate", action="store_true", help="use the simulator instead of the engine")
+    m.add_argument("--profile", default=None,
+                   help=f"vidur-style mlp.csv for --simulate (default: the bundled {DEFAULT_PROFILE})")
+    m.add_argument("--num-layers", type=int, default=32, help="layers of the profiled model")
+    m.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (a profile column)")
+    m.add_argument("--pipeline-stages", type=int, default=1)
+    p.add_argument("--stall-factor", type=float, default=5.0,
+                   help="a TBT gap above this many median step times is a stall")
+    p.add_argument("--out", default="bench_out", help="output directory")
+
+
+def parse_policies(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    known = available_policies()
+    bad = [n for n in names if n not in known]
+    if not names or bad:
+        raise ValueError(f"--policy must be a comma-separated list of {known}, got {text!r}")
+    return names
+
+
+def workload_config(args: argparse.Namespace, qps: float, max_total_tokens: int | None) -> WorkloadConfig:
+    return WorkloadConfig(num_requests=args.num_requests, qps=qps, arrival=args.arrival, lengths=args.trace,
+                          length_scale=args.length_scale, max_total_tokens=max_total_tokens, seed=args.seed)
+
+
+def scheduler_config(args: argparse.Namespace, policy: str, workload: Sequence[RequestSpec],
+                     num_blocks: int) -> SchedulerConfig:
+    """The chunked policies get --token-budget; the unchunked ones (vllm, orca) batch
+    whole prompts, so their cap is the longest request (vLLM's max_num_batched_tokens
+    defaults to the model length in the same way)."""
+    budget, chunk = args.token_budget, args.chunk_size
+    if not get_policy(policy).chunked:
+        budget = max(budget, max(r.num_prompt_tokens + r.num_decode_tokens for r in workload))
+        chunk = None
+    return SchedulerConfig(policy=policy, token_budget=budget, chunk_size=chunk,
+                           max_num_seqs=min(args.max_num_seqs, budget), block_size=args.block_size,
+                           num_blocks=num_blocks, tile_size=args.tile_size)
+
+
+@dataclass
+class SimBackend:
+    """Runs a policy on the simulator with a vidur cost model."""
+
+    args: argparse.Namespace
+
+    def __post_init__(self) -> None:
+        path = self.args.profile or data_path(DEFAULT_PROFILE)
+        self.cost_model = VidurCostModel(path, num_layers=self.args.num_layers, tp=self.args.tp)
+        self.num_blocks = self.args.num_blocks or self.cost_model.kv_cache_blocks(self.args.block_size)
+        self.max_total_tokens: int | None = None
+
+    def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
+            ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
+        cfg = scheduler_config(self.args, policy, workload, self.num_blocks)
+        res = simulate(workload, cfg, self.cost_model, pipeline_stages=self.args.pipeline_stages,
+                       progress=progress)
+        return res.requests, res.steps
+
+
+@dataclass
+class EngineBackend:
+    """Runs a policy on a fresh real engine (weights seeded, so every policy serves the
+    same model), replaying arrivals in wall-clock time."""
+
+    args: argparse.Namespace
+
+    def __post_init__(self) -> None:
+        from sarathi_rt.models import resolve_config
+
+        if self.args.pipeline_stages != 1 or self.args.tp != 1:
+            raise ValueError("--pipeline-stages and --tp apply to --simulate only")
+        self.max_total_tokens = resolve_config(self.args.model)[0].max_position_embeddings
+        self.num_blocks = self.args.num_blocks
+
+    def engine(self, policy: str, workload: Sequence[RequestSpec]):  # -> LLMEngine
+        from sarathi_rt import LLM
+
+        cfg = scheduler_config(self.args, policy, workload, 1)
+        return LLM(model=self.args.model, device=self.args.device, dtype=self.args.dtype, policy=policy,
+                   token_budget=cfg.token_budget, chunk_size=cfg.chunk_size, max_num_seqs=cfg.max_num_seqs,
+                   block_size=self.args.block_size, num_kv_blocks=self.num_blocks,
+                   tile_size=self.args.tile_size, seed=self.args.seed).engine
+
+    def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
+            ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
+        from sarathi_rt.replay import replay, warm_up
+
+        engine = self.engine(policy, workload)
+        warm_up(engine)
+        return replay(engine, workload, seed=self.args.seed, progress=progress)
+
+
+def make_backend(args: argparse.Namespace) -> SimBackend | EngineBackend:
+    return SimBackend(args) if args.simulate else EngineBackend(args)
+
+
+def fill_defaults(args: argparse.Namespace, **by_mode: tuple[object, object]) -> None:
+    """Set each flag left at None to its (engine, simulator) default."""
+    for name, (engine_default, sim_default) in by_mode.items():
+        if getattr(args, name) is None:
+            setattr(args, name, sim_default if args.simulate else engine_default)

@@ -1,0 +1,85 @@
+"""`sarathi-rt capacity`: the highest QPS each policy serves with P99 TBT within the SLO
+and P50 scheduling delay within 2 s, found by bisection on the engine or (--simulate)
+on the simulator. Without --token-budget the chunked policies get the budget derived
+from the SLO: the largest tile-aligned step whose measured (or modelled) time stays
+within it."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+from sarathi_rt.budget import choose_token_budget, profile_cost_model, profile_step_time
+from sarathi_rt.capacity import SLO, CapacityResult, find_capacity
+from sarathi_rt.metrics import MetricsSummary, summarize
+from sarathi_rt.plots import plot_capacity
+from sarathi_rt.workloads import make_workload
+
+from ._serving import EngineBackend, SimBackend, add_common_args, fill_defaults, make_backend, parse_policies, \
+    workload_config
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("capacity", help="max QPS per policy under a TBT SLO",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p, policies="sarathi,vllm")
+    p.add_argument("--tbt-slo", type=float, required=True, help="P99 time-between-tokens target (s)")
+    p.add_argument("--max-sched-delay", type=float, default=2.0, help="P50 scheduling delay limit (s)")
+    p.add_argument("--qps-start", type=float, default=1.0, help="first rate probed")
+    p.add_argument("--rel-tol", type=float, default=0.02, help="stop when the bracket is this tight")
+    p.add_argument("--max-probes", type=int, default=16, help="most runs per policy")
+    p.add_argument("--budget-tile", type=int, default=128, help="tile the SLO-derived budget is a multiple of")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    fill_defaults(args, num_requests=(40, 1000), length_scale=(1 / 16, 1.0), max_num_seqs=(32, 128))
+    policies = parse_policies(args.policy)
+    slo = SLO(args.tbt_slo, args.max_sched_delay)
+    backend = make_backend(args)
+    os.makedirs(args.out, exist_ok=True)
+    if args.token_budget is None:
+        args.token_budget = _slo_budget(args, backend)
+    config = workload_config(args, args.qps_start, backend.max_total_tokens)
+    results: dict[str, CapacityResult] = {}
+    for policy in policies:
+
+        def at_qps(qps: float, policy: str = policy) -> MetricsSummary:
+            workload = make_workload(dataclasses.replace(config, qps=qps))
+            summary = summarize(*backend.run(policy, workload, None), args.stall_factor)
+            print(f"  {policy} @ {qps:.4g} QPS: P99 TBT {summary.tbt.p99 * 1e3:.1f} ms, "
+                  f"P50 sched delay {summary.sched_delay.p50:.3g} s")
+            return summary
+
+        results[policy] = find_capacity(at_qps, slo, policy=policy, qps_start=args.qps_start,
+                                        rel_tol=args.rel_tol, max_probes=args.max_probes)
+        print(f"{policy}: capacity {results[policy].max_qps:.4g} QPS")
+    with open(os.path.join(args.out, "capacity.json"), "w") as f:
+        json.dump({p: r.max_qps for p, r in results.items()}, f, indent=2)
+    with open(os.path.join(args.out, "capacity_probes.json"), "w") as f:
+        json.dump({"token_budget": args.token_budget, "tbt_slo": args.tbt_slo,
+                   "probes": {p: [dataclasses.asdict(x) for x in r.probes] for p, r in results.items()}}, f, indent=1)
+    plot_capacity(results, args.tbt_slo, os.path.join(args.out, "capacity.png"))
+    if "sarathi" in results and "vllm" in results and results["vllm"].max_qps > 0:
+        print(f"sarathi / vllm capacity = {results['sarathi'].max_qps / results['vllm'].max_qps:.2f}x")
+    print(f"wrote {args.out}/capacity.json, capacity_probes.json, capacity.png")
+    return 0
+
+
+def _slo_budget(args: argparse.Namespace, backend: SimBackend | EngineBackend) -> int:
+    """Token budget from T(n) with 32 decodes over 1024-token contexts (scaled)."""
+    context = max(16, round(1024 * args.length_scale))
+    tile = args.budget_tile
+    if isinstance(backend, SimBackend):
+        counts = list(range(32, 8193, 32))
+        profile = profile_cost_model(backend.cost_model, counts, num_decodes=32, context_len=context,
+                                     label="(cost model)")
+    else:
+        counts = [tile * k for k in range(1, 9)]
+        engine = backend.engine("sarathi", make_workload(workload_config(args, 1.0, backend.max_total_tokens)))
+        profile = profile_step_time(engine, counts, num_decodes=min(32, args.max_num_seqs), context_len=context)
+    choice = choose_token_budget(profile, args.tbt_slo, tile, plot_path=os.path.join(args.out, "step_time.png"))
+    print(f"token budget from the {args.tbt_slo * 1e3:g} ms SLO: {choice.token_budget} "
+          f"(T = {choice.step_time * 1e3:.1f} ms; plot in {args.out}/step_time.png)")
+    return choice.token_budget
