@@ -20,7 +20,7 @@ def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
                    help=f"request lengths: {', '.join(BUILTIN_TRACES)}, a CSV path "
                         "(num_prefill_tokens,num_decode_tokens[,arrived_at]), fixed or uniform")
     w.add_argument("--length-scale", type=float, default=None,
-                   help="multiply trace lengths by this (default: 1/16 on the engine, 1 simulated)")
+                   help="multiply trace lengths by this (default: 1/32 on the engine, 1 simulated)")
     w.add_argument("--num-requests", type=int, default=None)
     w.add_argument("--arrival", choices=ARRIVALS, default="poisson")
     w.add_argument("--seed", type=int, default=0)
@@ -36,6 +36,8 @@ def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
     e.add_argument("--model", default="cpu-small", help="preset name or Hugging Face directory")
     e.add_argument("--device", default="cpu")
     e.add_argument("--dtype", default="float32")
+    e.add_argument("--threads", type=int, default=1,
+                   help="CPU threads for torch and the kernels (1 keeps timings steady on a shared machine)")
     m = p.add_argument_group("simulator")
     m.add_argument("--simulate", action="store_true", help="use the simulator instead of the engine")
     m.add_argument("--profile", default=None,
@@ -85,7 +87,8 @@ class SimBackend:
     def __post_init__(self) -> None:
         path = self.args.profile or data_path(DEFAULT_PROFILE)
         self.cost_model = VidurCostModel(path, num_layers=self.args.num_layers, tp=self.args.tp)
-        self.num_blocks = self.args.num_blocks or self.cost_model.kv_cache_blocks(self.args.block_size)
+        self.num_blocks = self.args.num_blocks or self.cost_model.kv_cache_blocks(
+            self.args.block_size, pipeline_stages=self.args.pipeline_stages)
         self.max_total_tokens: int | None = None
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
@@ -106,8 +109,13 @@ class EngineBackend:
     def __post_init__(self) -> None:
         from sarathi_rt.models import resolve_config
 
+        import torch
+
         if self.args.pipeline_stages != 1 or self.args.tp != 1:
             raise ValueError("--pipeline-stages and --tp apply to --simulate only")
+        if self.args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.args.threads}")
+        torch.set_num_threads(self.args.threads)
         self.max_total_tokens = resolve_config(self.args.model)[0].max_position_embeddings
         self.num_blocks = self.args.num_blocks
 

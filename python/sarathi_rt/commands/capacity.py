@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fill_defaults(args, num_requests=(40, 1000), length_scale=(1 / 16, 1.0), max_num_seqs=(32, 128))
+    fill_defaults(args, num_requests=(24, 1000), length_scale=(1 / 32, 1.0), max_num_seqs=(32, 128))
     policies = parse_policies(args.policy)
     slo = SLO(args.tbt_slo, args.max_sched_delay)
     backend = make_backend(args)
@@ -68,18 +68,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _slo_budget(args: argparse.Namespace, backend: SimBackend | EngineBackend) -> int:
-    """Token budget from T(n) with 32 decodes over 1024-token contexts (scaled)."""
-    context = max(16, round(1024 * args.length_scale))
+    """Token budget from T(n) in the worst case for attention: as many decodes as run
+    at once (at most 64) whose contexts fill the KV cache between them."""
     tile = args.budget_tile
+    num_decodes = min(64, args.max_num_seqs)
     if isinstance(backend, SimBackend):
-        counts = list(range(32, 8193, 32))
-        profile = profile_cost_model(backend.cost_model, counts, num_decodes=32, context_len=context,
-                                     label="(cost model)")
+        context = backend.num_blocks * args.block_size // num_decodes
+        profile = profile_cost_model(backend.cost_model, list(range(32, 8193, 32)), num_decodes=num_decodes,
+                                     context_len=context, label="(cost model)")
     else:
-        counts = [tile * k for k in range(1, 9)]
         engine = backend.engine("sarathi", make_workload(workload_config(args, 1.0, backend.max_total_tokens)))
-        profile = profile_step_time(engine, counts, num_decodes=min(32, args.max_num_seqs), context_len=context)
+        context = min(engine.max_model_len, engine.executor.num_kv_blocks * args.block_size // num_decodes) - tile
+        profile = profile_step_time(engine, [tile * k for k in range(1, 9)], num_decodes=num_decodes,
+                                    context_len=max(1, context))
     choice = choose_token_budget(profile, args.tbt_slo, tile, plot_path=os.path.join(args.out, "step_time.png"))
     print(f"token budget from the {args.tbt_slo * 1e3:g} ms SLO: {choice.token_budget} "
-          f"(T = {choice.step_time * 1e3:.1f} ms; plot in {args.out}/step_time.png)")
+          f"(T = {choice.step_time * 1e3:.1f} ms with {num_decodes} decodes over {context} tokens each; "
+          f"plot in {args.out}/step_time.png)")
     return choice.token_budget

@@ -159,12 +159,14 @@ class VidurCostModel:
         self._emb_s = [1e-3 * sum(emb[n]) / len(emb[n]) for n in sorted(emb)]
         self._dense_cache: dict[int, float] = {}
 
-    def kv_cache_blocks(self, block_size: int = 16, mem_bytes: float = 80e9, utilization: float = 0.9) -> int:
-        """KV blocks that fit one GPU (one TP shard, all layers) beside its weights."""
+    def kv_cache_blocks(self, block_size: int = 16, mem_bytes: float = 80e9, utilization: float = 0.9,
+                        pipeline_stages: int = 1) -> int:
+        """KV blocks that fit beside the weights when each GPU of mem_bytes holds one TP
+        shard of 1/pipeline_stages of the layers (every stage holds the same blocks)."""
         h, kv = self.hidden, self._full_kv_heads * self.head_dim
         per_layer = 2 * h * h + 2 * h * kv + (3 if self._gated else 2) * h * self.intermediate
-        weights = (self.num_layers * per_layer + 2 * self.vocab * h) * self.dtype_bytes / self.tp
-        per_token = 2 * self.num_layers * self.n_kv_head * self.head_dim * self.dtype_bytes
+        weights = (self.num_layers * per_layer + 2 * self.vocab * h) * self.dtype_bytes / self.tp / pipeline_stages
+        per_token = 2 * self.num_layers * self.n_kv_head * self.head_dim * self.dtype_bytes / pipeline_stages
         free = mem_bytes * utilization - weights
         if free < per_token * block_size:
             raise ValueError(f"mem_bytes={mem_bytes:.3g} leaves no room for the KV cache "
