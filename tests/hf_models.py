@@ -6,9 +6,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 
-transformers = __import__("pytest").importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 # name -> (config class, kwargs). Initialised wider than usual (std 0.2) so greedy
 # choices are decided by clear margins, not by float32 rounding.

@@ -149,6 +149,19 @@ def test_seeded_sampling_is_batch_and_preemption_invariant() -> None:
         [target], SamplingParams(max_tokens=12))[0].token_ids
 
 
+def test_tile_aligned_steps_give_the_same_tokens(llm: LLM) -> None:
+    tiled = LLM("tiny", num_kv_blocks=64, block_size=8, token_budget=32, chunk_size=16, max_num_seqs=8,
+                tile_size=8)
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    assert [o.token_ids for o in tiled.generate(PROMPTS, params)] == \
+        [o.token_ids for o in llm.generate(PROMPTS, params)]
+    steps = tiled.engine.step_metrics
+    assert all((s.num_tokens + s.tile_padding) % 8 == 0 for s in steps)
+    assert any(s.num_prefill_tokens and s.num_decode_tokens for s in steps)  # hybrid steps happened
+    # CPU GEMMs have no tile staircase: "auto" leaves steps unaligned there
+    assert LLM("tiny", num_kv_blocks=8, tile_size="auto").engine.scheduler_config.tile_size is None
+
+
 def test_kv_cache_sized_from_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     llm = LLM("tiny", max_num_seqs=4, max_model_len=64, block_size=16)
     assert llm.engine.scheduler_config.num_blocks == 4 * 64 // 16  # capped at what 4 requests can use
