@@ -38,13 +38,14 @@ def test_config_reads_both_transformers_spellings() -> None:
     assert default.rope_scaling is None and default.rope_theta == 10000.0
     qwen = ModelConfig.from_hf_dict({**BASE, "model_type": "qwen2", "use_sliding_window": False,
                                      "sliding_window": 32})
-    assert qwen.qkv_bias and not qwen.o_bias
+    assert qwen.qkv_bias and not qwen.o_bias and qwen.max_position_embeddings == 256  # window unused
+    mistral = ModelConfig.from_hf_dict({**BASE, "model_type": "mistral", "sliding_window": 64})
+    assert mistral.max_position_embeddings == 64  # full attention is exact within the window
     assert ModelConfig.from_hf_dict(PRESETS["cpu-small"].to_hf_dict()) == PRESETS["cpu-small"]
 
 
 @pytest.mark.parametrize("change, match", [
     ({"model_type": "gpt2"}, "model_type"), ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"model_type": "mistral", "sliding_window": 64}, "sliding_window"),
     ({"num_key_value_heads": 3}, "num_key_value_heads"), ({"hidden_size": 66}, "head_dim|hidden_size"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope_scaling"),
     ({"eos_token_id": 100}, "eos_token_ids"), ({"vocab_size": 0}, "vocab_size"),

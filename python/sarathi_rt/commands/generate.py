@@ -38,10 +38,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+        prompts = args.prompt if args.prompt else [args.prompt_ids or [1]]
+        # KV blocks sized from free memory are capped at what these prompts can use.
         llm = LLM(args.model, device=args.device, dtype=args.dtype, policy=args.policy,
                   token_budget=args.token_budget, chunk_size=args.chunk_size, num_kv_blocks=args.num_kv_blocks,
-                  max_model_len=args.max_model_len, max_num_seqs=min(128, args.token_budget))
-        prompts = args.prompt if args.prompt else [args.prompt_ids or [1]]
+                  max_model_len=args.max_model_len, max_num_seqs=min(len(prompts), args.token_budget))
         start = time.perf_counter()
         if len(prompts) == 1:  # stream the tokens as they come
             outs = []

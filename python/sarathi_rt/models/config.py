@@ -3,7 +3,7 @@ spellings) or given directly for the random-weight presets."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,6 @@ class ModelConfig:
     model_type: str = "llama"
     eos_token_ids: tuple[int, ...] = ()
     initializer_range: float = 0.02
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -98,10 +97,12 @@ class ModelConfig:
             raise ValueError(f"unsupported model_type {model_type!r}: sarathi_rt runs {sorted(_FAMILIES)}")
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {d['hidden_act']!r}")
-        if d.get("use_sliding_window") or (model_type == "mistral" and d.get("sliding_window")):
-            window = d.get("sliding_window")
-            if window is not None and window < d.get("max_position_embeddings", 2048):
-                raise ValueError(f"sliding_window attention ({window}) is not supported")
+        max_positions = d.get("max_position_embeddings", 2048)
+        window = d.get("sliding_window")
+        if window and (d.get("use_sliding_window") or model_type == "mistral"):
+            # Attention here is full; within the window that is the same thing, so cap
+            # the context there rather than refuse the model.
+            max_positions = min(max_positions, window)
         # transformers 5 folds rope_theta/rope_scaling into rope_parameters.
         rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
         theta = rope.pop("rope_theta", d.get("rope_theta", 10000.0))
@@ -117,10 +118,10 @@ class ModelConfig:
             num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
             head_dim=d.get("head_dim"), rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
             rope_scaling=None if kind == "default" else rope,
-            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), qkv_bias=qkv_bias, o_bias=o_bias,
             mlp_bias=bool(d.get("mlp_bias", False)), model_type=model_type, eos_token_ids=eos_ids,
-            initializer_range=d.get("initializer_range", 0.02), extra=d)
+            initializer_range=d.get("initializer_range", 0.02))
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
