@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "sarathi_rt/attention_plan.h"
 #include "sarathi_rt/block_allocator.h"
 #include "sarathi_rt/elementwise.h"
 #include "sarathi_rt/kv_ops.h"
@@ -79,21 +80,17 @@ void write_kv(uintptr_t key, uintptr_t value, uintptr_t k_cache, uintptr_t v_cac
   raise_if_error(st);
 }
 
-void hybrid_attention(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v_cache, uintptr_t cu_seqlens_q,
-                      uintptr_t seqlens_k, uintptr_t block_tables, int64_t batch, int64_t total_q,
-                      int64_t num_q_heads, int64_t max_blocks_per_seq, std::array<int64_t, 2> q_strides,
-                      std::array<int64_t, 2> out_strides, std::array<int64_t, 4> cache_shape, float scale,
-                      int dtype, int device, uintptr_t stream) {
+// The tensor part of the attention params, shared by the CPU and the planned CUDA entry.
+HybridAttentionParams attention_params(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v_cache,
+                                       uintptr_t block_tables, int64_t num_q_heads, int64_t max_blocks_per_seq,
+                                       std::array<int64_t, 2> q_strides, std::array<int64_t, 2> out_strides,
+                                       std::array<int64_t, 4> cache_shape, float scale, int dtype) {
   HybridAttentionParams p;
   p.q = ptr<const void>(q);
   p.out = ptr<void>(out);
   p.k_cache = ptr<const void>(k_cache);
   p.v_cache = ptr<const void>(v_cache);
-  p.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
-  p.seqlens_k = ptr<const int32_t>(seqlens_k);
   p.block_tables = ptr<const int32_t>(block_tables);
-  p.batch = batch;
-  p.total_q = total_q;
   p.num_q_heads = num_q_heads;
   p.max_blocks_per_seq = max_blocks_per_seq;
   p.q_token_stride = q_strides[0];
@@ -103,6 +100,20 @@ void hybrid_attention(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v
   p.scale = scale;
   p.layout = make_layout(cache_shape);
   p.dtype = static_cast<DType>(dtype);
+  return p;
+}
+
+void hybrid_attention(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v_cache, uintptr_t cu_seqlens_q,
+                      uintptr_t seqlens_k, uintptr_t block_tables, int64_t batch, int64_t total_q,
+                      int64_t num_q_heads, int64_t max_blocks_per_seq, std::array<int64_t, 2> q_strides,
+                      std::array<int64_t, 2> out_strides, std::array<int64_t, 4> cache_shape, float scale,
+                      int dtype, int device, uintptr_t stream) {
+  HybridAttentionParams p = attention_params(q, out, k_cache, v_cache, block_tables, num_q_heads, max_blocks_per_seq,
+                                             q_strides, out_strides, cache_shape, scale, dtype);
+  p.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
+  p.seqlens_k = ptr<const int32_t>(seqlens_k);
+  p.batch = batch;
+  p.total_q = total_q;
   if (device != kCpu) throw py::value_error("hybrid_attention: CUDA tensors are not supported by this build yet");
   Status st;
   {
@@ -195,6 +206,73 @@ void silu_and_mul(uintptr_t x, uintptr_t out, int64_t num_tokens, int64_t interm
   launch(p, device, stream, &silu_and_mul_cpu, SRT_CUDA_LAUNCHER(silu_and_mul_cuda));
 }
 
+using CapacityTuple = std::array<int64_t, 4>;  // max_items, max_merges, max_partials, num_ctas
+
+AttentionPlanCapacity make_capacity(const CapacityTuple& c) { return {c[0], c[1], c[2], c[3]}; }
+
+py::tuple plan_capacity(int64_t max_batch, int64_t max_tokens, int64_t num_q_heads, int64_t num_kv_heads,
+                        int64_t num_ctas) {
+  const AttentionPlanCapacity c = attention_plan_capacity(max_batch, max_tokens, num_q_heads, num_kv_heads, num_ctas);
+  return py::make_tuple(c.max_items, c.max_merges, c.max_partials, c.num_ctas, c.total_words());
+}
+
+void build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k, uintptr_t block_tables,
+                int64_t batch, int64_t total_q, int64_t num_q_heads, int64_t max_blocks_per_seq,
+                std::array<int64_t, 4> cache_shape, CapacityTuple capacity) {
+  AttentionPlanInputs in;
+  in.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
+  in.seqlens_k = ptr<const int32_t>(seqlens_k);
+  in.block_tables = ptr<const int32_t>(block_tables);
+  in.batch = batch;
+  in.total_q = total_q;
+  in.num_q_heads = num_q_heads;
+  in.max_blocks_per_seq = max_blocks_per_seq;
+  in.layout = make_layout(cache_shape);
+  Status st;
+  {
+    py::gil_scoped_release release;
+    st = build_attention_plan(in, make_capacity(capacity), ptr<int32_t>(buffer));
+  }
+  raise_if_error(st);
+}
+
+void hybrid_attention_planned(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v_cache,
+                              uintptr_t block_tables, int64_t num_q_heads, int64_t max_blocks_per_seq,
+                              std::array<int64_t, 2> q_strides, std::array<int64_t, 2> out_strides,
+                              std::array<int64_t, 4> cache_shape, float scale, int dtype, int device,
+                              uintptr_t stream, uintptr_t plan, CapacityTuple capacity, uintptr_t partial_out,
+                              uintptr_t partial_lse) {
+#if defined(SARATHI_RT_WITH_CUDA)
+  const HybridAttentionParams p = attention_params(q, out, k_cache, v_cache, block_tables, num_q_heads,
+                                                   max_blocks_per_seq, q_strides, out_strides, cache_shape, scale,
+                                                   dtype);
+  PlannedAttentionArgs args;
+  args.plan = ptr<const int32_t>(plan);
+  args.capacity = make_capacity(capacity);
+  args.partial_out = ptr<float>(partial_out);
+  args.partial_lse = ptr<float>(partial_lse);
+  args.device = device;
+  Status st;
+  {
+    py::gil_scoped_release release;
+    st = hybrid_attention_cuda(p, args, ptr<void>(stream));
+  }
+  raise_if_error(st);
+#else
+  no_cuda();
+#endif
+}
+
+int attention_ctas_per_sm(int64_t head_dim, int dtype, int device) {
+#if defined(SARATHI_RT_WITH_CUDA)
+  int ctas = 0;
+  raise_if_error(attention_cuda_ctas_per_sm(head_dim, static_cast<DType>(dtype), device, &ctas));
+  return ctas;
+#else
+  no_cuda();
+#endif
+}
+
 py::dict build_info() {
   py::dict info;
   info["version"] = SARATHI_RT_VERSION;
@@ -257,6 +335,25 @@ PYBIND11_MODULE(_C, m) {
         py::arg("k_strides"), py::arg("dtype"), py::arg("device"), py::arg("stream"));
   m.def("silu_and_mul", &silu_and_mul, py::arg("x"), py::arg("out"), py::arg("num_tokens"), py::arg("intermediate"),
         py::arg("x_stride"), py::arg("out_stride"), py::arg("dtype"), py::arg("device"), py::arg("stream"));
+
+  m.def("attention_plan_capacity", &plan_capacity, py::arg("max_batch"), py::arg("max_tokens"),
+        py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("num_ctas"),
+        "(max_items, max_merges, max_partials, num_ctas, total_words) of a hybrid-attention plan.");
+  m.def("build_attention_plan", &build_plan, py::arg("buffer"), py::arg("cu_seqlens_q"),
+        py::arg("seqlens_k"), py::arg("block_tables"), py::arg("batch"), py::arg("total_q"), py::arg("num_q_heads"),
+        py::arg("max_blocks_per_seq"), py::arg("cache_shape"), py::arg("capacity"));
+  m.def("hybrid_attention_planned", &hybrid_attention_planned, py::arg("q"), py::arg("out"), py::arg("k_cache"),
+        py::arg("v_cache"), py::arg("block_tables"), py::arg("num_q_heads"), py::arg("max_blocks_per_seq"),
+        py::arg("q_strides"), py::arg("out_strides"), py::arg("cache_shape"), py::arg("scale"), py::arg("dtype"),
+        py::arg("device"), py::arg("stream"), py::arg("plan"), py::arg("capacity"), py::arg("partial_out"),
+        py::arg("partial_lse"));
+  m.def("attention_ctas_per_sm", &attention_ctas_per_sm, py::arg("head_dim"), py::arg("dtype"), py::arg("device"));
+  m.attr("ATTENTION_PLAN_LAYOUT") = py::dict(
+      py::arg("header_words") = static_cast<int>(kPlanHeaderWords),
+      py::arg("item_words") = static_cast<int>(sizeof(AttentionWorkItem) / 4),
+      py::arg("merge_words") = static_cast<int>(sizeof(AttentionMergeItem) / 4),
+      py::arg("narrow_rows") = kNarrowTileRows, py::arg("wide_rows") = kWideTileRows,
+      py::arg("keys_per_chunk") = kKeysPerChunk, py::arg("min_split_chunks") = kMinSplitChunks);
 
   py::register_exception<OutOfBlocks>(m, "OutOfBlocksError", PyExc_MemoryError);
   py::class_<BlockAllocator>(m, "BlockAllocator")

@@ -3,6 +3,7 @@ from sarathi_rt.ops import reference
 from sarathi_rt.ops.attention import hybrid_attention, write_kv
 from sarathi_rt.ops.elementwise import rms_norm, rope_cos_sin_cache, rotary_embedding, silu_and_mul
 from sarathi_rt.ops.linear import linear
+from sarathi_rt.ops.plan import AttentionPlan, plan_attention
 
 __all__ = ["hybrid_attention", "write_kv", "reference", "linear", "rms_norm", "rope_cos_sin_cache",
-           "rotary_embedding", "silu_and_mul"]
+           "rotary_embedding", "silu_and_mul", "AttentionPlan", "plan_attention"]

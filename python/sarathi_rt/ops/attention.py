@@ -5,9 +5,12 @@ import torch
 
 from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
+from sarathi_rt.ops.plan import AttentionPlan, plan_attention
 
 _FLOATS = tuple(DTYPE_CODES)
 MAX_CPU_HEAD_DIM = 256
+CUDA_HEAD_DIMS = (64, 128)
+_CUDA_FLOATS = (torch.float16, torch.bfloat16)
 
 
 def _check_caches(k_cache: object, v_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,13 +43,18 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
 
 def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      seqlens_k: torch.Tensor, block_tables: torch.Tensor, *, scale: float | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, plan: AttentionPlan | None = None) -> torch.Tensor:
     """Attention for a batch mixing prefill chunks and decodes, in one call.
 
     q [total_q, num_q_heads, head_dim] holds the requests back to back (cu_seqlens_q,
     int32 [batch+1]); seqlens_k (int32 [batch]) counts each request's tokens in the cache,
     this step's included; block_tables (int32 [batch, max_blocks]) maps positions to
     blocks. Query i of a request with q_len queries sees positions 0..kv_len - q_len + i.
+
+    plan: the step's `plan_attention(...)`, built once and reused by every layer. On CUDA
+    (float16/bfloat16, head_dim 64 or 128, any block size) one is built on the fly when
+    it is None, which copies the index arrays to the host; the CPU kernel only checks
+    that a given plan matches the call.
     """
     k, v = _check_caches(k_cache, v_cache)
     check_tensor("q", q, ndim=3, dtypes=_FLOATS, last_dim_contiguous=True)
@@ -59,6 +67,11 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"q has {num_q_heads} heads, not a multiple of k_cache's {num_kv_heads} KV heads")
     if q.device.type == "cpu" and head_dim > MAX_CPU_HEAD_DIM:
         raise ValueError(f"Unsupported head_dim: {head_dim} (the CPU kernel takes up to {MAX_CPU_HEAD_DIM})")
+    if q.device.type == "cuda":
+        _check_cuda_inputs(q, head_dim)
+        for name, cache in (("k_cache", k), ("v_cache", v)):
+            if cache.data_ptr() % 16 != 0:
+                raise ValueError(f"{name} must be 16-byte aligned on CUDA")
     for name, t, ndim in (("cu_seqlens_q", cu_seqlens_q, 1), ("seqlens_k", seqlens_k, 1),
                           ("block_tables", block_tables, 2)):
         check_tensor(name, t, ndim=ndim, dtypes=(torch.int32,), contiguous=True)
@@ -77,8 +90,35 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if out.dtype != q.dtype:
             raise TypeError(f"out has dtype {out.dtype} but q has dtype {q.dtype}")
     scale = head_dim ** -0.5 if scale is None else float(scale)
-    torch.ops.sarathi_rt.hybrid_attention_out(q, k, v, cu_seqlens_q, seqlens_k, block_tables, scale, out)
+    if q.device.type == "cuda":
+        _check_aligned("out", out)
+        if plan is None:
+            plan = plan_attention(cu_seqlens_q, seqlens_k, block_tables, k, num_q_heads)
+    if plan is not None:
+        if not isinstance(plan, AttentionPlan):
+            raise TypeError(f"plan must be an AttentionPlan, got {type(plan).__name__}")
+        plan.check_matches(q, k, seqlens_k, block_tables)
+    if q.device.type == "cuda":
+        torch.ops.sarathi_rt.hybrid_attention_planned_out(q, k, v, block_tables, plan.buffer, plan.partial_out,
+                                                          plan.partial_lse, plan.capacity.as_list(), scale, out)
+    else:
+        torch.ops.sarathi_rt.hybrid_attention_out(q, k, v, cu_seqlens_q, seqlens_k, block_tables, scale, out)
     return out
+
+
+def _check_aligned(name: str, t: torch.Tensor) -> None:
+    # The CUDA kernel moves 16-byte vectors of q and 4-byte pairs of out.
+    if t.data_ptr() % 16 != 0 or t.stride(0) % 8 != 0 or t.stride(1) % 8 != 0:
+        raise ValueError(f"{name} must be 16-byte aligned with token and head strides that are multiples of 8 "
+                         f"elements on CUDA, got strides {t.stride()}")
+
+
+def _check_cuda_inputs(q: torch.Tensor, head_dim: int) -> None:
+    if q.dtype not in _CUDA_FLOATS:
+        raise TypeError(f"q must have dtype float16 or bfloat16 on CUDA, got {str(q.dtype).removeprefix('torch.')}")
+    if head_dim not in CUDA_HEAD_DIMS:
+        raise ValueError(f"Unsupported head_dim: {head_dim} (the CUDA kernel supports {CUDA_HEAD_DIMS})")
+    _check_aligned("q", q)
 
 
 # torch.library registration keeps torch.compile and CUDA graphs working: the ops are
@@ -107,4 +147,22 @@ def _hybrid_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 @_hybrid_attention_op.register_fake
 def _(q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_tables, scale, out) -> None:
+    return None
+
+
+@torch.library.custom_op("sarathi_rt::hybrid_attention_planned_out",
+                         mutates_args=("partial_out", "partial_lse", "out"))
+def _hybrid_attention_planned_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 block_tables: torch.Tensor, plan_buffer: torch.Tensor, partial_out: torch.Tensor,
+                                 partial_lse: torch.Tensor, capacity: list[int], scale: float,
+                                 out: torch.Tensor) -> None:
+    _C.hybrid_attention_planned(q.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                                block_tables.data_ptr(), q.shape[1], block_tables.shape[1], q.stride()[:2],
+                                out.stride()[:2], tuple(k_cache.shape), scale, DTYPE_CODES[q.dtype], device_code(q),
+                                stream_of(q), plan_buffer.data_ptr(), capacity, partial_out.data_ptr(),
+                                partial_lse.data_ptr())
+
+
+@_hybrid_attention_planned_op.register_fake
+def _(q, k_cache, v_cache, block_tables, plan_buffer, partial_out, partial_lse, capacity, scale, out) -> None:
     return None

@@ -1,0 +1,9 @@
+// bfloat16 instantiations of the hybrid-attention kernel (head_dim 64 and 128).
+#include "attention_kernel.cuh"
+
+namespace sarathi_rt {
+namespace attn {
+SARATHI_RT_INSTANTIATE_ATTENTION(__nv_bfloat16, 64)
+SARATHI_RT_INSTANTIATE_ATTENTION(__nv_bfloat16, 128)
+}  // namespace attn
+}  // namespace sarathi_rt

@@ -1,0 +1,196 @@
+"""The hybrid-attention plan: built once per step, read by every layer's attention.
+
+`plan_attention` turns one step's batch (cu_seqlens_q, seqlens_k, block tables) into the
+work list of the CUDA kernel: prefill tiles, decode tiles and, when the batch is too
+small to fill the GPU, split-KV pieces with the merges that combine them. The buffers
+have a capacity fixed at construction (from max_batch and max_tokens), so their device
+addresses never change and a planned step can be captured in a CUDA graph: call
+`plan.update(...)` before each replay, outside the graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sarathi_rt import _C
+from sarathi_rt.ops._checks import DTYPE_CODES, check_tensor
+
+LAYOUT: dict[str, int] = dict(_C.ATTENTION_PLAN_LAYOUT)
+# Grid of an H100/H200-class GPU (132 SMs x 2 CTAs): the default for plans on the CPU,
+# which show what a GPU would run.
+DEFAULT_CPU_CTAS = 264
+ITEM_FIELDS = ("request", "kv_head", "q_token0", "causal_offset", "row_begin", "num_rows", "kv_begin", "kv_end",
+               "kind", "partial")
+MERGE_FIELDS = ("q_token0", "kv_head", "row_begin", "num_rows", "first_partial", "num_partials")
+NARROW, WIDE = 0, 1
+
+
+@dataclass(frozen=True)
+class PlanCapacity:
+    max_items: int
+    max_merges: int
+    max_partials: int
+    num_ctas: int
+    total_words: int
+
+    def as_list(self) -> list[int]:
+        return [self.max_items, self.max_merges, self.max_partials, self.num_ctas]
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+class AttentionPlan:
+    """Fixed-capacity work list of the hybrid-attention kernel for one step at a time."""
+
+    def __init__(self, *, max_batch: int, max_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
+                 num_ctas: int | None = None) -> None:
+        self.max_batch = _positive("max_batch", max_batch)
+        self.max_tokens = _positive("max_tokens", max_tokens)
+        self.num_q_heads = _positive("num_q_heads", num_q_heads)
+        self.num_kv_heads = _positive("num_kv_heads", num_kv_heads)
+        self.head_dim = _positive("head_dim", head_dim)
+        if num_q_heads % num_kv_heads != 0:
+            raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if dtype not in DTYPE_CODES:
+            raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = dtype
+        if num_ctas is None:
+            num_ctas = self._default_ctas()
+        cap = _C.attention_plan_capacity(max_batch, max_tokens, num_q_heads, num_kv_heads,
+                                         _positive("num_ctas", num_ctas))
+        self.capacity = PlanCapacity(*cap)
+        on_cuda = self.device.type == "cuda"
+        self._host = torch.zeros(self.capacity.total_words, dtype=torch.int32, pin_memory=on_cuda)
+        self.buffer = torch.zeros(self.capacity.total_words, dtype=torch.int32, device=self.device)
+        rows = LAYOUT["wide_rows"]
+        self.partial_out = torch.empty(self.capacity.max_partials, rows, head_dim, dtype=torch.float32,
+                                       device=self.device)
+        self.partial_lse = torch.empty(self.capacity.max_partials, rows, dtype=torch.float32, device=self.device)
+        # The pinned host buffer may not be rewritten while its last copy is in flight.
+        self._copied = torch.cuda.Event() if on_cuda else None
+        self.batch = -1  # geometry of the last update; -1 until the first one
+        self.total_q = -1
+        self.max_blocks_per_seq = -1
+        self.cache_shape: tuple[int, ...] = ()
+
+    def _default_ctas(self) -> int:
+        if self.device.type != "cuda":
+            return DEFAULT_CPU_CTAS
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        per_sm = _C.attention_ctas_per_sm(self.head_dim, DTYPE_CODES[self.dtype], self.device.index)
+        return sms * per_sm
+
+    def update(self, cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor,
+               k_cache: torch.Tensor) -> AttentionPlan:
+        """Plans one step (validating every index on host copies) and copies the work list
+        to the device on the current stream. Returns self."""
+        check_tensor("k_cache", k_cache, ndim=4)
+        if k_cache.device != self.device:
+            raise ValueError(f"k_cache is on {k_cache.device} but the plan is on {self.device}")
+        if tuple(k_cache.shape[2:]) != (self.num_kv_heads, self.head_dim):
+            raise ValueError(f"k_cache holds {k_cache.shape[2]} heads of dim {k_cache.shape[3]} but the plan was "
+                             f"made for {self.num_kv_heads} heads of dim {self.head_dim}")
+        host = {}
+        for name, t, ndim in (("cu_seqlens_q", cu_seqlens_q, 1), ("seqlens_k", seqlens_k, 1),
+                              ("block_tables", block_tables, 2)):
+            check_tensor(name, t, ndim=ndim, dtypes=(torch.int32,))
+            host[name] = t.to("cpu").contiguous()
+        batch = seqlens_k.shape[0]
+        if cu_seqlens_q.shape[0] != batch + 1:
+            raise ValueError(f"cu_seqlens_q must have batch + 1 = {batch + 1} entries, got {cu_seqlens_q.shape[0]}")
+        if block_tables.shape[0] != batch:
+            raise ValueError(f"block_tables must have {batch} rows (one per request), got {block_tables.shape[0]}")
+        if batch > self.max_batch:
+            raise ValueError(f"batch of {batch} requests exceeds the plan's max_batch={self.max_batch}")
+        total_q = int(host["cu_seqlens_q"][-1])
+        if total_q > self.max_tokens:
+            raise ValueError(f"cu_seqlens_q[-1] = {total_q} tokens exceeds the plan's max_tokens={self.max_tokens}")
+        if self._copied is not None:
+            self._copied.synchronize()
+        _C.build_attention_plan(self._host.data_ptr(), host["cu_seqlens_q"].data_ptr(), host["seqlens_k"].data_ptr(),
+                                host["block_tables"].data_ptr(), batch, total_q, self.num_q_heads,
+                                block_tables.shape[1], tuple(k_cache.shape), self.capacity.as_list())
+        self.buffer.copy_(self._host, non_blocking=self._copied is not None)
+        if self._copied is not None:
+            self._copied.record()
+        self.batch, self.total_q = batch, total_q
+        self.max_blocks_per_seq = block_tables.shape[1]
+        self.cache_shape = tuple(k_cache.shape)
+        return self
+
+    def check_matches(self, q: torch.Tensor, k_cache: torch.Tensor, seqlens_k: torch.Tensor,
+                      block_tables: torch.Tensor) -> None:
+        """Raises ValueError (naming `plan`) unless this plan was built for this call."""
+        if self.batch < 0:
+            raise ValueError("plan has not been updated with a batch yet (call plan.update)")
+        want = {"device": (self.device, q.device), "num_q_heads": (self.num_q_heads, q.shape[1]),
+                "k_cache shape": (self.cache_shape, tuple(k_cache.shape)),
+                "batch": (self.batch, seqlens_k.shape[0]), "total_q": (self.total_q, q.shape[0]),
+                "block_tables columns": (self.max_blocks_per_seq, block_tables.shape[1])}
+        for what, (planned, got) in want.items():
+            if planned != got:
+                raise ValueError(f"plan was built for {what} {planned} but this call has {got}")
+
+    # Views of the host copy of the last plan, for tests and inspection.
+    def _section(self, offset: int, count: int, words: int) -> torch.Tensor:
+        return self._host[offset:offset + count * words].view(count, words)
+
+    @property
+    def num_items(self) -> int:
+        return int(self._host[0])
+
+    @property
+    def num_merges(self) -> int:
+        return int(self._host[1])
+
+    @property
+    def num_partials(self) -> int:
+        return int(self._host[2])
+
+    def work_items(self) -> torch.Tensor:
+        """[num_items, len(ITEM_FIELDS)] int32, grouped by CTA in launch order."""
+        offset = LAYOUT["header_words"] + self.capacity.num_ctas + 1
+        return self._section(offset, self.num_items, LAYOUT["item_words"])
+
+    def merges(self) -> torch.Tensor:
+        offset = LAYOUT["header_words"] + self.capacity.num_ctas + 1 + self.capacity.max_items * LAYOUT["item_words"]
+        return self._section(offset, self.num_merges, LAYOUT["merge_words"])
+
+    def cta_ranges(self) -> torch.Tensor:
+        """[num_ctas + 1]: CTA c runs work_items()[r[c]:r[c + 1]]."""
+        start = LAYOUT["header_words"]
+        return self._host[start:start + self.capacity.num_ctas + 1]
+
+
+def plan_attention(cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor,
+                   k_cache: torch.Tensor, num_q_heads: int, *, plan: AttentionPlan | None = None,
+                   max_batch: int | None = None, max_tokens: int | None = None,
+                   num_ctas: int | None = None) -> AttentionPlan:
+    """Plans one step of `hybrid_attention`. Pass `plan=` to refill an existing plan in
+    place (its buffers keep their addresses); otherwise a new one is sized from
+    max_batch / max_tokens (default: this batch)."""
+    check_tensor("k_cache", k_cache, ndim=4)
+    if plan is None:
+        check_tensor("seqlens_k", seqlens_k, ndim=1)
+        check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1)
+        total_q = int(cu_seqlens_q[-1]) if cu_seqlens_q.numel() else 0
+        plan = AttentionPlan(max_batch=max_batch or max(1, seqlens_k.shape[0]),
+                             max_tokens=max_tokens or max(1, total_q), num_q_heads=num_q_heads,
+                             num_kv_heads=k_cache.shape[2], head_dim=k_cache.shape[3], device=k_cache.device,
+                             dtype=k_cache.dtype, num_ctas=num_ctas)
+    elif not isinstance(plan, AttentionPlan):
+        raise TypeError(f"plan must be an AttentionPlan, got {type(plan).__name__}")
+    elif plan.num_q_heads != num_q_heads:
+        raise ValueError(f"plan was made for {plan.num_q_heads} query heads, not num_q_heads={num_q_heads}")
+    return plan.update(cu_seqlens_q, seqlens_k, block_tables, k_cache)
