@@ -68,19 +68,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _slo_budget(args: argparse.Namespace, backend: SimBackend | EngineBackend) -> int:
-    """Token budget from T(n) in the worst case for attention: as many decodes as run
-    at once (at most 64) whose contexts fill the KV cache between them."""
+    """Token budget from T(n) for a loaded hybrid batch: 32 decodes (fewer if
+    max_num_seqs is lower) over contexts of the workload's mean request length, or
+    less when the KV cache cannot hold that many."""
     tile = args.budget_tile
-    num_decodes = min(64, args.max_num_seqs)
+    num_decodes = min(32, args.max_num_seqs)
+    workload = make_workload(workload_config(args, 1.0, backend.max_total_tokens))
+    mean_len = sum(r.num_prompt_tokens + r.num_decode_tokens for r in workload) // len(workload)
     if isinstance(backend, SimBackend):
-        context = backend.num_blocks * args.block_size // num_decodes
+        context = min(mean_len, backend.num_blocks * args.block_size // num_decodes)
         profile = profile_cost_model(backend.cost_model, list(range(32, 8193, 32)), num_decodes=num_decodes,
                                      context_len=context, label="(cost model)")
     else:
-        engine = backend.engine("sarathi", make_workload(workload_config(args, 1.0, backend.max_total_tokens)))
-        context = min(engine.max_model_len, engine.executor.num_kv_blocks * args.block_size // num_decodes) - tile
+        engine = backend.engine("sarathi", workload)
+        cache_tokens = engine.executor.num_kv_blocks * args.block_size
+        context = max(1, min(mean_len, cache_tokens // num_decodes - tile))
         profile = profile_step_time(engine, [tile * k for k in range(1, 9)], num_decodes=num_decodes,
-                                    context_len=max(1, context))
+                                    context_len=context)
     choice = choose_token_budget(profile, args.tbt_slo, tile, plot_path=os.path.join(args.out, "step_time.png"))
     print(f"token budget from the {args.tbt_slo * 1e3:g} ms SLO: {choice.token_budget} "
           f"(T = {choice.step_time * 1e3:.1f} ms with {num_decodes} decodes over {context} tokens each; "

@@ -46,6 +46,7 @@ class SimResult:
 
 @dataclass(slots=True)
 class _InFlight:
+    issued_at: float
     done_at: float
     plan: BatchPlan
 
@@ -86,15 +87,10 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
             if plan.is_empty:
                 sched.update(plan)  # nothing runnable until an arrival or a completion
             else:
-                inflight.append(_InFlight(_issue(plan, now, cost_model, k, free_at, busy, bubbles, index),
-                                          plan))
-                for e in plan.entries:
-                    rec = records[index[e.request_id]]
-                    if rec.first_scheduled_time is None:
-                        rec.first_scheduled_time = now
-                p = plan
-                steps.append(StepMetrics(now, inflight[-1].done_at - now, p.num_tokens, p.num_prefill_tokens,
-                                         p.num_decode_tokens, len(p.entries), p.tile_padding))
+                done_at = _issue(plan, now, cost_model, k, free_at, busy, bubbles, index)
+                inflight.append(_InFlight(now, done_at, plan))
+                steps.append(StepMetrics(now, done_at - now, plan.num_tokens, plan.num_prefill_tokens,
+                                         plan.num_decode_tokens, len(plan.entries), plan.tile_padding))
         events = []
         if inflight:
             events.append(inflight[0].done_at)
@@ -139,10 +135,14 @@ def _issue(plan: BatchPlan, now: float, cost_model: CostModel, k: int, free_at: 
 
 def _complete(f: _InFlight, sched, records: list[RequestMetrics], index: dict,
               progress: Callable[[int], None] | None) -> None:
+    # One pass over the entries (the simulator's hot loop): first scheduling is
+    # recorded here, at completion, with the time the plan was issued.
     t = f.done_at
     for e in f.plan.entries:
+        rec = records[index[e.request_id]]
+        if rec.first_scheduled_time is None:
+            rec.first_scheduled_time = f.issued_at
         if e.emits_token:
-            rec = records[index[e.request_id]]
             rec.token_times.append(t)
             if rec.first_token_time is None:
                 rec.first_token_time = t
