@@ -31,8 +31,10 @@ def main() -> None:
         longest = max(r.num_prompt_tokens + r.num_decode_tokens for r in workload)
         medians = {}
         for policy, budget in (("sarathi", args.token_budget), ("vllm", longest)):
-            res = simulate(workload, SchedulerConfig(policy=policy, token_budget=budget, max_num_seqs=128 * pp,
-                                                     num_blocks=blocks), cost, pipeline_stages=pp)
+            # One partial prompt per micro-batch in flight keeps every stage fed.
+            config = SchedulerConfig(policy=policy, token_budget=budget, max_num_seqs=128 * pp, num_blocks=blocks,
+                                     max_partial_prefills=pp)
+            res = simulate(workload, config, cost, pipeline_stages=pp)
             s = res.summary()
             medians[policy] = percentile(res.bubble_times, 50)
             idle = sum(res.stage_idle) / (pp * res.makespan)

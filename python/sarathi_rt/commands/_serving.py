@@ -73,9 +73,12 @@ def scheduler_config(args: argparse.Namespace, policy: str, workload: Sequence[R
     if not get_policy(policy).chunked:
         budget = max(budget, max(r.num_prompt_tokens + r.num_decode_tokens for r in workload))
         chunk = None
+    # A prompt's next chunk waits for its previous one to leave the pipeline, so each
+    # micro-batch in flight needs its own partial prompt to keep the stages fed.
     return SchedulerConfig(policy=policy, token_budget=budget, chunk_size=chunk,
                            max_num_seqs=min(args.max_num_seqs, budget), block_size=args.block_size,
-                           num_blocks=num_blocks, tile_size=args.tile_size)
+                           num_blocks=num_blocks, tile_size=args.tile_size,
+                           max_partial_prefills=args.pipeline_stages)
 
 
 @dataclass
