@@ -24,7 +24,7 @@ status=0
 # --summary (see bench/device_summary.py for the keys).
 BENCHES=(
   bench/bench_attention_gpu.py
-  # issue 7 (GEMM engineer): add your GEMM benchmark on its own line here.
+  bench/bench_gemm_gpu.py
 )
 
 step() { echo; echo "=== $* ($(date +%T))"; }

@@ -11,6 +11,8 @@
 #include "sarathi_rt/attention_plan.h"
 #include "sarathi_rt/block_allocator.h"
 #include "sarathi_rt/elementwise.h"
+#include "sarathi_rt/gemm.h"
+#include "sarathi_rt/gemm_plan.h"
 #include "sarathi_rt/kv_ops.h"
 
 #if defined(SARATHI_RT_WITH_OPENMP)
@@ -263,6 +265,38 @@ void hybrid_attention_planned(uintptr_t q, uintptr_t out, uintptr_t k_cache, uin
 #endif
 }
 
+void gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
+          std::array<int64_t, 3> row_strides, int dtype, int config, int split_k, uintptr_t workspace,
+          int64_t workspace_bytes, int device, uintptr_t stream) {
+  GemmParams p;
+  p.x = ptr<const void>(x);
+  p.w = ptr<const void>(w);
+  p.bias = ptr<const void>(bias);
+  p.y = ptr<void>(y);
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.ldx = row_strides[0];
+  p.ldw = row_strides[1];
+  p.ldy = row_strides[2];
+  p.dtype = static_cast<DType>(dtype);
+  p.config_id = config;
+  p.split_k = split_k;
+  p.workspace = ptr<void>(workspace);
+  p.workspace_bytes = workspace_bytes;
+  if (device == kCpu) throw py::value_error("gemm: the CUTLASS GEMM runs on CUDA tensors only");
+#if defined(SARATHI_RT_WITH_CUDA)
+  Status st;
+  {
+    py::gil_scoped_release release;
+    st = gemm_cuda(p, ptr<void>(stream));
+  }
+  raise_if_error(st);
+#else
+  no_cuda();
+#endif
+}
+
 int attention_ctas_per_sm(int64_t head_dim, int dtype, int device) {
 #if defined(SARATHI_RT_WITH_CUDA)
   int ctas = 0;
@@ -271,6 +305,48 @@ int attention_ctas_per_sm(int64_t head_dim, int dtype, int device) {
 #else
   no_cuda();
 #endif
+}
+
+py::dict tile_config_dict(const GemmTileConfig& c) {
+  py::dict d;
+  d["id"] = c.id;
+  d["name"] = c.name;
+  d["tile_m"] = c.tile_m;
+  d["tile_n"] = c.tile_n;
+  d["tile_k"] = c.tile_k;
+  d["stages"] = c.stages;
+  d["warps"] = c.warps;
+  d["swap_ab"] = c.swap_ab;
+  d["mma_efficiency"] = c.mma_efficiency;
+  d["smem_bytes"] = c.smem_bytes();
+  return d;
+}
+
+py::list gemm_tile_configs_list() {
+  py::list out;
+  for (const GemmTileConfig& c : gemm_tile_configs()) out.append(tile_config_dict(c));
+  return out;
+}
+
+py::dict gemm_plan(int64_t m, int64_t n, int64_t k, int dtype, int arch, int num_sms, int config, int split_k) {
+  GemmPlan p;
+  raise_if_error(
+      plan_gemm(m, n, k, static_cast<DType>(dtype), GpuTarget::for_arch(arch, num_sms), &p, config, split_k));
+  py::dict d;
+  d["config"] = tile_config_dict(p.config);
+  d["split_k"] = p.split_k;
+  d["tile_m"] = p.tile_m;
+  d["tile_n"] = p.tile_n;
+  d["tiles_m"] = p.tiles_m;
+  d["tiles_n"] = p.tiles_n;
+  d["ctas"] = p.ctas;
+  d["ctas_per_sm"] = p.ctas_per_sm;
+  d["waves"] = p.waves;
+  d["tile_efficiency"] = p.tile_efficiency;
+  d["wave_efficiency"] = p.wave_efficiency;
+  d["efficiency"] = p.efficiency;
+  d["estimated_time"] = p.estimated_time;
+  return d;
 }
 
 py::dict build_info() {
@@ -354,6 +430,13 @@ PYBIND11_MODULE(_C, m) {
       py::arg("merge_words") = static_cast<int>(sizeof(AttentionMergeItem) / 4),
       py::arg("narrow_rows") = kNarrowTileRows, py::arg("wide_rows") = kWideTileRows,
       py::arg("keys_per_chunk") = kKeysPerChunk, py::arg("min_split_chunks") = kMinSplitChunks);
+
+  m.def("gemm", &gemm, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("y"), py::arg("m"), py::arg("n"),
+        py::arg("k"), py::arg("row_strides"), py::arg("dtype"), py::arg("config"), py::arg("split_k"),
+        py::arg("workspace"), py::arg("workspace_bytes"), py::arg("device"), py::arg("stream"));
+  m.def("gemm_tile_configs", &gemm_tile_configs_list, "The GEMM tile configurations the planner chooses from.");
+  m.def("gemm_plan", &gemm_plan, py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("arch"),
+        py::arg("num_sms"), py::arg("config") = -1, py::arg("split_k") = 0);
 
   py::register_exception<OutOfBlocks>(m, "OutOfBlocksError", PyExc_MemoryError);
   py::class_<BlockAllocator>(m, "BlockAllocator")

@@ -1,16 +1,23 @@
 """Linear layers: y = x @ weight.T + bias.
 
-On the CPU this is torch's own GEMM (oneDNN/MKL): a documented choice, since no
-hand-written CPU GEMM of ours would beat it and the runtime's CPU target is correctness
-and the step-time staircase, not peak FLOP/s.
+On CUDA, bfloat16/float16 run a CUTLASS tensor-core GEMM (float32 accumulation) with the
+tile configuration and split-K that `gemm_plan` chooses for (M, N, K, SMs), so the
+runtime knows the tile its steps are aligned to. float32, and shapes the 16-byte
+vectorized kernels cannot take (K or N not a multiple of 8, misaligned views), go to
+torch. On the CPU this is torch's own GEMM (oneDNN/MKL): a documented choice, since a
+hand-written CPU GEMM of ours would not beat it and the CPU target is correctness and
+the step-time staircase, not peak FLOP/s.
 """
 from __future__ import annotations
 
 import torch
 
-from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor
+from sarathi_rt import _C
+from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
+from sarathi_rt.ops.gemm_plan import gemm_plan
 
 _FLOATS = tuple(DTYPE_CODES)
+_ALIGN = 8  # elements per 16-byte vector of a 16-bit dtype
 
 
 def _check_linear_args(x: object, weight: object, bias: object) -> None:
@@ -27,7 +34,40 @@ def _check_linear_args(x: object, weight: object, bias: object) -> None:
             raise ValueError(f"bias has {bias.shape[0]} entries but weight has {weight.shape[0]} out_features")
 
 
+def _cutlass_can_run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    operands = [x2, weight] + ([] if bias is None else [bias])
+    return (x2.dtype in (torch.float16, torch.bfloat16) and x2.shape[1] % _ALIGN == 0
+            and weight.shape[0] % _ALIGN == 0 and all(t.stride(-1) == 1 for t in operands)
+            and x2.stride(0) % _ALIGN == 0 and weight.stride(0) % _ALIGN == 0
+            and all(t.data_ptr() % 16 == 0 for t in operands))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], accumulating in float32."""
     _check_linear_args(x, weight, bias)
-    return torch.nn.functional.linear(x, weight, bias)
+    if x.device.type != "cuda":
+        return torch.nn.functional.linear(x, weight, bias)
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] == 0 or not _cutlass_can_run(x2, weight, bias):
+        return torch.nn.functional.linear(x, weight, bias)
+    plan = gemm_plan(x2.shape[0], n, k, x.dtype, x.device)
+    out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
+    # Serial split-K counts finished K slices per output tile in an int32 semaphore.
+    workspace = torch.empty(4 * plan.tiles_m * plan.tiles_n if plan.split_k > 1 else 0, dtype=torch.uint8,
+                            device=x.device)
+    torch.ops.sarathi_rt.linear_out(x2, weight, bias, out, plan.config_id, plan.split_k, workspace)
+    return out.view(*x.shape[:-1], n)
+
+
+@torch.library.custom_op("sarathi_rt::linear_out", mutates_args=("out", "workspace"))
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, config: int,
+               split_k: int, workspace: torch.Tensor) -> None:
+    _C.gemm(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(), x.shape[0],
+            weight.shape[0], x.shape[1], (x.stride(0), weight.stride(0), out.stride(0)), DTYPE_CODES[x.dtype],
+            config, split_k, workspace.data_ptr(), workspace.numel(), device_code(x), stream_of(x))
+
+
+@_linear_op.register_fake
+def _(x, weight, bias, out, config, split_k, workspace) -> None:
+    return None
