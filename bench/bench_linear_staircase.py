@@ -67,7 +67,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     weights = {name: torch.randn(n, k, dtype=dtype) / k ** 0.5 for name, (n, k) in shapes.projections().items()}
-    counts = sorted(set(range(1, args.max_tokens + 1, args.step)) | {args.max_tokens})
+    counts = sorted({1, args.max_tokens} | set(range(args.step, args.max_tokens + 1, args.step)))
     times = {n: shapes.num_layers * time_layer(n, weights, args.repeats) for n in counts}
 
     with open(args.csv, "w", newline="") as f:
