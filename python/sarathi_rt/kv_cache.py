@@ -17,7 +17,7 @@ class KVCacheShape:
     def __post_init__(self) -> None:
         for name in ("num_layers", "block_size", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {self.dtype}")

@@ -1,6 +1,8 @@
 """Paged-KV ops: write this step's keys/values into the cache, and hybrid-batch attention."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from sarathi_rt import _C
@@ -90,6 +92,8 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if out.dtype != q.dtype:
             raise TypeError(f"out has dtype {out.dtype} but q has dtype {q.dtype}")
     scale = head_dim ** -0.5 if scale is None else float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale}")
     if q.device.type == "cuda":
         _check_aligned("out", out)
         if plan is None:

@@ -1,0 +1,287 @@
+"""hybrid_attention against the float64 reference: ragged mixed batches, paging, GQA, dtypes,
+chunked-prefill equivalence, layouts, and every bad input naming its argument."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sarathi_rt import ops
+from sarathi_rt.ops import reference
+
+from conftest import requires_cuda
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The references loop over requests in small ops, which a contended thread pool slows
+    down; the kernel under test uses its own OpenMP threads either way."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+# Added to twice plain PyTorch's own error at the same dtype: room for a different but
+# equally good summation order when PyTorch happens to be nearly exact.
+SLACK = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 4e-3}
+
+
+@dataclass
+class PagedBatch:
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seqlens_k: torch.Tensor
+    block_tables: torch.Tensor
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return self.q, self.k_cache, self.v_cache, self.cu_seqlens_q, self.seqlens_k, self.block_tables
+
+    def run(self, **kwargs: object) -> torch.Tensor:
+        return ops.hybrid_attention(*self.args(), **kwargs)
+
+    def reference(self, **kwargs: object) -> torch.Tensor:
+        return reference.hybrid_attention(*(t.cpu() for t in self.args()), **kwargs)
+
+    def plain_torch(self, scale: float | None = None) -> torch.Tensor:
+        """What a user would write without us, at q's dtype: gather the pages, then SDPA
+        per request with the bottom-right causal mask."""
+        q, k_cache, v_cache, cu, seqlens_k, tables = (t.cpu() for t in self.args())
+        out = torch.empty_like(q)
+        bounds = cu.tolist()
+        for b, kv_len in enumerate(seqlens_k.tolist()):
+            q_len = bounds[b + 1] - bounds[b]
+            if q_len == 0:
+                continue
+            k, v = (reference.gather_kv(c, tables[b], kv_len).transpose(0, 1) for c in (k_cache, v_cache))
+            mask = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
+            out[bounds[b]:bounds[b + 1]] = F.scaled_dot_product_attention(
+                q[bounds[b]:bounds[b + 1]].transpose(0, 1), k, v, attn_mask=mask, scale=scale,
+                enable_gqa=True).transpose(0, 1)
+        return out
+
+
+def make_batch(q_lens: list[int], kv_lens: list[int], *, num_kv_heads: int = 2, group: int = 4, head_dim: int = 64,
+               block_size: int = 16, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               seed: int = 0) -> PagedBatch:
+    """Requests scattered over shuffled pages of a random cache; unused table columns are
+    -1, so a kernel that reads past a request's pages fails loudly."""
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-kv // block_size) for kv in kv_lens]
+    num_blocks = sum(pages) + 3
+    order = torch.randperm(num_blocks, generator=g).int()
+    tables = torch.full((len(kv_lens), max(pages) + 1), -1, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(pages):
+        tables[b, :n] = order[used:used + n]
+        used += n
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(cache_shape, generator=g).to(dtype)
+    v_cache = torch.randn(cache_shape, generator=g).to(dtype)
+    q = torch.randn(sum(q_lens), num_kv_heads * group, head_dim, generator=g).to(dtype)
+    cu = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    kv = torch.tensor(kv_lens, dtype=torch.int32)
+    return PagedBatch(*(t.to(device) for t in (q, k_cache, v_cache, cu, kv, tables)))
+
+
+def assert_matches_reference(batch: PagedBatch, out: torch.Tensor, **kwargs: object) -> None:
+    """Error vs float64 within twice what plain PyTorch reaches at the same dtype."""
+    ref = batch.reference(**kwargs)
+    torch_err = (batch.plain_torch(**kwargs).double() - ref).abs().max().item()
+    err = (out.cpu().double() - ref).abs().max().item()
+    assert out.dtype == batch.q.dtype and out.shape == batch.q.shape
+    assert err <= 2 * torch_err + SLACK[batch.q.dtype], f"error {err:.3g} vs plain PyTorch's {torch_err:.3g}"
+
+
+# Ragged lengths 1, 17, 37, 577 as decodes, whole prefills and chunks over a prefix.
+MIXED = ([1, 37, 17, 1, 1, 64], [17, 37, 577, 577, 1, 600])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_mixed_batch_matches_reference(device: str, dtype: torch.dtype, block_size: int, group: int) -> None:
+    batch = make_batch(*MIXED, group=group, block_size=block_size, dtype=dtype, device=device)
+    assert_matches_reference(batch, batch.run())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_single_kind_batches_match_reference(device: str, dtype: torch.dtype, kind: str) -> None:
+    kv_lens = [1, 17, 37, 577, 64, 300]
+    q_lens = [1] * len(kv_lens) if kind == "decode" else kv_lens
+    batch = make_batch(q_lens, kv_lens, dtype=dtype, device=device)
+    assert_matches_reference(batch, batch.run())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim", [8, 36, 80, 128, 256])
+def test_head_dims_up_to_256(device: str, head_dim: int) -> None:
+    batch = make_batch([1, 33, 5], [70, 33, 90], head_dim=head_dim, device=device)
+    assert_matches_reference(batch, batch.run())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_context_decode(device: str, dtype: torch.dtype) -> None:
+    batch = make_batch([1, 1], [32768, 3], num_kv_heads=1, head_dim=128, dtype=dtype, device=device)
+    assert_matches_reference(batch, batch.run())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hundreds_of_requests(device: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    kv_lens = torch.randint(1, 200, (300,), generator=g).tolist()
+    q_lens = [min(kv, 24) if b % 15 == 0 else 1 for b, kv in enumerate(kv_lens)]
+    q_lens[7], kv_lens[7] = 0, 5  # a request with nothing to compute this step
+    batch = make_batch(q_lens, kv_lens, num_kv_heads=2, group=2, head_dim=32, device=device)
+    assert_matches_reference(batch, batch.run())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunked_prefill_equals_one_full_causal_attention(device: str, dtype: torch.dtype) -> None:
+    """A 577-token prompt as chunks of 64 through write_kv + hybrid_attention."""
+    g = torch.Generator().manual_seed(2)
+    n, chunk, heads, kv_heads, dim, bs = 577, 64, 8, 2, 64, 16
+    q, k, v = (torch.randn(n, h, dim, generator=g).to(dtype).to(device) for h in (heads, kv_heads, kv_heads))
+    num_blocks = -(-n // bs) + 4
+    table = torch.randperm(num_blocks, generator=g)[:-(-n // bs)].int().to(device)
+    k_cache = torch.zeros(num_blocks, bs, kv_heads, dim, dtype=dtype, device=device)
+    v_cache = torch.zeros_like(k_cache)
+    positions = torch.arange(n, device=device)
+    slots = (table.long()[positions // bs] * bs + positions % bs)
+    chunks = []
+    for start in range(0, n, chunk):
+        end = min(start + chunk, n)
+        ops.write_kv(k[start:end], v[start:end], k_cache, v_cache, slots[start:end])
+        cu = torch.tensor([0, end - start], dtype=torch.int32, device=device)
+        kv_len = torch.tensor([end], dtype=torch.int32, device=device)
+        chunks.append(ops.hybrid_attention(q[start:end], k_cache, v_cache, cu, kv_len, table[None]))
+    chunked = torch.cat(chunks).cpu().double()
+
+    full_batch = PagedBatch(q, k_cache, v_cache, torch.tensor([0, n], dtype=torch.int32, device=device),
+                            torch.tensor([n], dtype=torch.int32, device=device), table[None])
+    assert_matches_reference(full_batch, full_batch.run())
+    sdpa = F.scaled_dot_product_attention(*(t.cpu().double().transpose(0, 1) for t in (q, k, v)), is_causal=True,
+                                          enable_gqa=True).transpose(0, 1)
+    torch_err = (F.scaled_dot_product_attention(*(t.cpu().transpose(0, 1) for t in (q, k, v)), is_causal=True,
+                                                enable_gqa=True).transpose(0, 1).double() - sdpa).abs().max().item()
+    assert (chunked - sdpa).abs().max().item() <= 2 * torch_err + SLACK[dtype]
+    assert (chunked - full_batch.run().cpu().double()).abs().max().item() <= 2 * torch_err + SLACK[dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_q_from_fused_qkv_and_strided_out(device: str) -> None:
+    batch = make_batch(*MIXED, num_kv_heads=2, group=4, head_dim=64, device=device)
+    heads, kv_heads, dim = 8, 2, 64
+    qkv = torch.randn(batch.q.shape[0], heads + 2 * kv_heads, dim, device=device)
+    qkv[:, :heads] = batch.q
+    batch.q = qkv[:, :heads]
+    assert not batch.q.is_contiguous()
+    out_buffer = torch.full((batch.q.shape[0], heads, 2 * dim), float("nan"), device=device)
+    out = out_buffer[:, :, :dim]
+    assert batch.run(out=out) is out
+    assert_matches_reference(batch, out)
+    assert out_buffer[:, :, dim:].isnan().all()  # nothing written outside the view
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_and_scale_arguments(device: str) -> None:
+    batch = make_batch(*MIXED, device=device)
+    out = torch.empty_like(batch.q)
+    assert batch.run(out=out, scale=0.3) is out
+    assert_matches_reference(batch, out, scale=0.3)
+
+
+def test_results_are_deterministic() -> None:
+    batch = make_batch(*MIXED, group=8)
+    assert torch.equal(batch.run(), batch.run())
+
+
+def _replace(batch: PagedBatch, **fields: object) -> PagedBatch:
+    return PagedBatch(**{**batch.__dict__, **fields})
+
+
+def _i32(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+# (what is wrong, exception, message fragment naming the argument, fields to replace)
+BAD_INPUTS = [
+    ("q not a tensor", TypeError, "q must be a torch.Tensor", lambda b: {"q": b.q.tolist()}),
+    ("q float64", TypeError, "q must have dtype", lambda b: {"q": b.q.double()}),
+    ("q dtype unlike cache", TypeError, "q has dtype", lambda b: {"q": b.q.half()}),
+    ("q 2-d", ValueError, "q must have 3 dimensions", lambda b: {"q": b.q.flatten(1)}),
+    ("q strided last dim", ValueError, "q must be contiguous in its last dimension",
+     lambda b: {"q": torch.cat([b.q, b.q], 2)[:, :, ::2]}),
+    ("q on another device", ValueError, "q is on meta", lambda b: {"q": b.q.to("meta")}),
+    ("k_cache int", TypeError, "k_cache must have dtype", lambda b: {"k_cache": b.k_cache.int()}),
+    ("k_cache 3-d", ValueError, "k_cache must have 4 dimensions", lambda b: {"k_cache": b.k_cache.flatten(2)}),
+    ("k_cache not contiguous", ValueError, "k_cache must be contiguous",
+     lambda b: {"k_cache": b.k_cache.transpose(0, 1).contiguous().transpose(0, 1)}),
+    ("v_cache shape unlike k_cache", ValueError, "v_cache has shape", lambda b: {"v_cache": b.v_cache[:-1]}),
+    ("v_cache dtype unlike k_cache", TypeError, "v_cache has dtype", lambda b: {"v_cache": b.v_cache.half()}),
+    ("head counts do not divide", ValueError, "not a multiple of k_cache's 2 KV heads",
+     lambda b: {"q": b.q[:, :3]}),
+    ("head_dim mismatch", ValueError, "head_dim", lambda b: {"q": b.q[:, :, :32]}),
+    ("cu_seqlens_q int64", TypeError, "cu_seqlens_q must have dtype int32",
+     lambda b: {"cu_seqlens_q": b.cu_seqlens_q.long()}),
+    ("seqlens_k int64", TypeError, "seqlens_k must have dtype int32", lambda b: {"seqlens_k": b.seqlens_k.long()}),
+    ("block_tables int64", TypeError, "block_tables must have dtype int32",
+     lambda b: {"block_tables": b.block_tables.long()}),
+    ("block_tables 1-d", ValueError, "block_tables must have 2 dimensions",
+     lambda b: {"block_tables": b.block_tables[0]}),
+    ("block_tables transposed", ValueError, "block_tables must be contiguous",
+     lambda b: {"block_tables": b.block_tables.t().contiguous().t()}),
+    ("seqlens_k on another device", ValueError, "seqlens_k is on meta",
+     lambda b: {"seqlens_k": b.seqlens_k.to("meta")}),
+    ("cu_seqlens_q too short", ValueError, "cu_seqlens_q must have batch \\+ 1",
+     lambda b: {"cu_seqlens_q": b.cu_seqlens_q[:-1]}),
+    ("block_tables rows", ValueError, "block_tables must have 2 rows", lambda b: {"block_tables": b.block_tables[:1]}),
+    ("cu_seqlens_q[0] not 0", ValueError, "cu_seqlens_q\\[0\\] must be 0", lambda b: {"cu_seqlens_q": _i32(1, 2, 3)}),
+    ("cu_seqlens_q[-1] not total_q", ValueError, "cu_seqlens_q\\[-1\\] = 2", lambda b: {"cu_seqlens_q": _i32(0, 1, 2)}),
+    ("cu_seqlens_q decreasing", ValueError, "cu_seqlens_q must be non-decreasing",
+     lambda b: {"cu_seqlens_q": _i32(0, 4, 3)}),
+    ("seqlens_k < q_len", ValueError, "seqlens_k\\[1\\] = 1 is smaller", lambda b: {"seqlens_k": _i32(9, 1)}),
+    ("seqlens_k negative", ValueError, "seqlens_k\\[0\\] = -1", lambda b: {"seqlens_k": _i32(-1, 2)}),
+    ("seqlens_k beyond table", ValueError, "seqlens_k\\[0\\] = 100 needs more blocks",
+     lambda b: {"seqlens_k": _i32(100, 2)}),
+    ("block id too large", ValueError, "block_tables\\[1\\]\\[0\\] = 99 is outside",
+     lambda b: {"block_tables": torch.tensor([[0, 1, 2], [99, -1, -1]], dtype=torch.int32)}),
+    ("block id negative", ValueError, "block_tables\\[0\\]\\[1\\] = -5 is outside",
+     lambda b: {"block_tables": torch.tensor([[0, -5, 2], [3, -1, -1]], dtype=torch.int32)}),
+]
+
+
+@pytest.mark.parametrize("what, error, match, change", BAD_INPUTS, ids=[case[0] for case in BAD_INPUTS])
+def test_bad_inputs_name_the_argument(what: str, error: type[Exception], match: str, change) -> None:
+    batch = make_batch([1, 2], [9, 2], num_kv_heads=2, group=2, head_dim=64, block_size=4)
+    assert batch.block_tables.shape == (2, 4)
+    bad = _replace(batch, **change(batch))
+    with pytest.raises(error, match=match):
+        bad.run()
+
+
+def test_bad_out_and_head_dim_limits() -> None:
+    batch = make_batch([1, 2], [9, 2], head_dim=64, block_size=4)
+    with pytest.raises(TypeError, match="out has dtype"):
+        batch.run(out=torch.empty_like(batch.q, dtype=torch.float16))
+    with pytest.raises(ValueError, match="out has shape"):
+        batch.run(out=torch.empty_like(batch.q[:1]))
+    with pytest.raises(ValueError, match="out must be contiguous in its last dimension"):
+        batch.run(out=torch.empty(*batch.q.shape[:2], 128)[:, :, ::2])
+    with pytest.raises(TypeError, match="out must be a torch.Tensor"):
+        batch.run(out=batch.q.numpy())
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        batch.run(scale=float("nan"))
+    big = make_batch([1], [3], head_dim=320)
+    with pytest.raises(ValueError, match="Unsupported head_dim: 320"):
+        big.run()
