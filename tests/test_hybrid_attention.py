@@ -1,5 +1,6 @@
-"""hybrid_attention against the float64 reference: ragged mixed batches, paging, GQA, dtypes,
-chunked-prefill equivalence, layouts, and every bad input naming its argument."""
+"""The CPU hybrid_attention against the float64 reference: ragged mixed batches, paging, GQA,
+dtypes, chunked-prefill equivalence, layouts, and every bad input naming its argument.
+(The CUDA kernel's tests, for its dtypes and head dims, are in test_attention_cuda.py.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +11,6 @@ import torch.nn.functional as F
 
 from sarathi_rt import ops
 from sarathi_rt.ops import reference
-
-from conftest import requires_cuda
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -24,7 +23,6 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 # Added to twice plain PyTorch's own error at the same dtype: room for a different but
 # equally good summation order when PyTorch happens to be nearly exact.
 SLACK = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 4e-3}
@@ -46,12 +44,12 @@ class PagedBatch:
         return ops.hybrid_attention(*self.args(), **kwargs)
 
     def reference(self, **kwargs: object) -> torch.Tensor:
-        return reference.hybrid_attention(*(t.cpu() for t in self.args()), **kwargs)
+        return reference.hybrid_attention(*self.args(), **kwargs)
 
     def plain_torch(self, scale: float | None = None) -> torch.Tensor:
         """What a user would write without us, at q's dtype: gather the pages, then SDPA
         per request with the bottom-right causal mask."""
-        q, k_cache, v_cache, cu, seqlens_k, tables = (t.cpu() for t in self.args())
+        q, k_cache, v_cache, cu, seqlens_k, tables = self.args()
         out = torch.empty_like(q)
         bounds = cu.tolist()
         for b, kv_len in enumerate(seqlens_k.tolist()):
@@ -67,8 +65,7 @@ class PagedBatch:
 
 
 def make_batch(q_lens: list[int], kv_lens: list[int], *, num_kv_heads: int = 2, group: int = 4, head_dim: int = 64,
-               block_size: int = 16, dtype: torch.dtype = torch.float32, device: str = "cpu",
-               seed: int = 0) -> PagedBatch:
+               block_size: int = 16, dtype: torch.dtype = torch.float32, seed: int = 0) -> PagedBatch:
     """Requests scattered over shuffled pages of a random cache; unused table columns are
     -1, so a kernel that reads past a request's pages fails loudly."""
     g = torch.Generator().manual_seed(seed)
@@ -86,14 +83,14 @@ def make_batch(q_lens: list[int], kv_lens: list[int], *, num_kv_heads: int = 2, 
     q = torch.randn(sum(q_lens), num_kv_heads * group, head_dim, generator=g).to(dtype)
     cu = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     kv = torch.tensor(kv_lens, dtype=torch.int32)
-    return PagedBatch(*(t.to(device) for t in (q, k_cache, v_cache, cu, kv, tables)))
+    return PagedBatch(*(q, k_cache, v_cache, cu, kv, tables))
 
 
 def assert_matches_reference(batch: PagedBatch, out: torch.Tensor, **kwargs: object) -> None:
     """Error vs float64 within twice what plain PyTorch reaches at the same dtype."""
     ref = batch.reference(**kwargs)
     torch_err = (batch.plain_torch(**kwargs).double() - ref).abs().max().item()
-    err = (out.cpu().double() - ref).abs().max().item()
+    err = (out.double() - ref).abs().max().item()
     assert out.dtype == batch.q.dtype and out.shape == batch.q.shape
     assert err <= 2 * torch_err + SLACK[batch.q.dtype], f"error {err:.3g} vs plain PyTorch's {torch_err:.3g}"
 
@@ -102,100 +99,92 @@ def assert_matches_reference(batch: PagedBatch, out: torch.Tensor, **kwargs: obj
 MIXED = ([1, 37, 17, 1, 1, 64], [17, 37, 577, 577, 1, 600])
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 @pytest.mark.parametrize("group", [1, 4, 8])
-def test_mixed_batch_matches_reference(device: str, dtype: torch.dtype, block_size: int, group: int) -> None:
-    batch = make_batch(*MIXED, group=group, block_size=block_size, dtype=dtype, device=device)
+def test_mixed_batch_matches_reference(dtype: torch.dtype, block_size: int, group: int) -> None:
+    batch = make_batch(*MIXED, group=group, block_size=block_size, dtype=dtype)
     assert_matches_reference(batch, batch.run())
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
-def test_single_kind_batches_match_reference(device: str, dtype: torch.dtype, kind: str) -> None:
+def test_single_kind_batches_match_reference(dtype: torch.dtype, kind: str) -> None:
     kv_lens = [1, 17, 37, 577, 64, 300]
     q_lens = [1] * len(kv_lens) if kind == "decode" else kv_lens
-    batch = make_batch(q_lens, kv_lens, dtype=dtype, device=device)
+    batch = make_batch(q_lens, kv_lens, dtype=dtype)
     assert_matches_reference(batch, batch.run())
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head_dim", [8, 36, 80, 128, 256])
-def test_head_dims_up_to_256(device: str, head_dim: int) -> None:
-    batch = make_batch([1, 33, 5], [70, 33, 90], head_dim=head_dim, device=device)
+def test_head_dims_up_to_256(head_dim: int) -> None:
+    batch = make_batch([1, 33, 5], [70, 33, 90], head_dim=head_dim)
     assert_matches_reference(batch, batch.run())
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_long_context_decode(device: str, dtype: torch.dtype) -> None:
-    batch = make_batch([1, 1], [32768, 3], num_kv_heads=1, head_dim=128, dtype=dtype, device=device)
+def test_long_context_decode(dtype: torch.dtype) -> None:
+    batch = make_batch([1, 1], [32768, 3], num_kv_heads=1, head_dim=128, dtype=dtype)
     assert_matches_reference(batch, batch.run())
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_hundreds_of_requests(device: str) -> None:
+def test_hundreds_of_requests() -> None:
     g = torch.Generator().manual_seed(1)
     kv_lens = torch.randint(1, 200, (300,), generator=g).tolist()
     q_lens = [min(kv, 24) if b % 15 == 0 else 1 for b, kv in enumerate(kv_lens)]
     q_lens[7], kv_lens[7] = 0, 5  # a request with nothing to compute this step
-    batch = make_batch(q_lens, kv_lens, num_kv_heads=2, group=2, head_dim=32, device=device)
+    batch = make_batch(q_lens, kv_lens, num_kv_heads=2, group=2, head_dim=32)
     assert_matches_reference(batch, batch.run())
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_chunked_prefill_equals_one_full_causal_attention(device: str, dtype: torch.dtype) -> None:
+def test_chunked_prefill_equals_one_full_causal_attention(dtype: torch.dtype) -> None:
     """A 577-token prompt as chunks of 64 through write_kv + hybrid_attention."""
     g = torch.Generator().manual_seed(2)
     n, chunk, heads, kv_heads, dim, bs = 577, 64, 8, 2, 64, 16
-    q, k, v = (torch.randn(n, h, dim, generator=g).to(dtype).to(device) for h in (heads, kv_heads, kv_heads))
+    q, k, v = (torch.randn(n, h, dim, generator=g).to(dtype) for h in (heads, kv_heads, kv_heads))
     num_blocks = -(-n // bs) + 4
-    table = torch.randperm(num_blocks, generator=g)[:-(-n // bs)].int().to(device)
-    k_cache = torch.zeros(num_blocks, bs, kv_heads, dim, dtype=dtype, device=device)
+    table = torch.randperm(num_blocks, generator=g)[:-(-n // bs)].int()
+    k_cache = torch.zeros(num_blocks, bs, kv_heads, dim, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
-    positions = torch.arange(n, device=device)
+    positions = torch.arange(n)
     slots = (table.long()[positions // bs] * bs + positions % bs)
     chunks = []
     for start in range(0, n, chunk):
         end = min(start + chunk, n)
         ops.write_kv(k[start:end], v[start:end], k_cache, v_cache, slots[start:end])
-        cu = torch.tensor([0, end - start], dtype=torch.int32, device=device)
-        kv_len = torch.tensor([end], dtype=torch.int32, device=device)
+        cu = torch.tensor([0, end - start], dtype=torch.int32)
+        kv_len = torch.tensor([end], dtype=torch.int32)
         chunks.append(ops.hybrid_attention(q[start:end], k_cache, v_cache, cu, kv_len, table[None]))
-    chunked = torch.cat(chunks).cpu().double()
+    chunked = torch.cat(chunks).double()
 
-    full_batch = PagedBatch(q, k_cache, v_cache, torch.tensor([0, n], dtype=torch.int32, device=device),
-                            torch.tensor([n], dtype=torch.int32, device=device), table[None])
+    full_batch = PagedBatch(q, k_cache, v_cache, torch.tensor([0, n], dtype=torch.int32),
+                            torch.tensor([n], dtype=torch.int32), table[None])
     assert_matches_reference(full_batch, full_batch.run())
-    sdpa = F.scaled_dot_product_attention(*(t.cpu().double().transpose(0, 1) for t in (q, k, v)), is_causal=True,
+    sdpa = F.scaled_dot_product_attention(*(t.double().transpose(0, 1) for t in (q, k, v)), is_causal=True,
                                           enable_gqa=True).transpose(0, 1)
-    torch_err = (F.scaled_dot_product_attention(*(t.cpu().transpose(0, 1) for t in (q, k, v)), is_causal=True,
+    torch_err = (F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)), is_causal=True,
                                                 enable_gqa=True).transpose(0, 1).double() - sdpa).abs().max().item()
     assert (chunked - sdpa).abs().max().item() <= 2 * torch_err + SLACK[dtype]
-    assert (chunked - full_batch.run().cpu().double()).abs().max().item() <= 2 * torch_err + SLACK[dtype]
+    assert (chunked - full_batch.run().double()).abs().max().item() <= 2 * torch_err + SLACK[dtype]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_strided_q_from_fused_qkv_and_strided_out(device: str) -> None:
-    batch = make_batch(*MIXED, num_kv_heads=2, group=4, head_dim=64, device=device)
+def test_strided_q_from_fused_qkv_and_strided_out() -> None:
+    batch = make_batch(*MIXED, num_kv_heads=2, group=4, head_dim=64)
     heads, kv_heads, dim = 8, 2, 64
-    qkv = torch.randn(batch.q.shape[0], heads + 2 * kv_heads, dim, device=device)
+    qkv = torch.randn(batch.q.shape[0], heads + 2 * kv_heads, dim)
     qkv[:, :heads] = batch.q
     batch.q = qkv[:, :heads]
     assert not batch.q.is_contiguous()
-    out_buffer = torch.full((batch.q.shape[0], heads, 2 * dim), float("nan"), device=device)
+    out_buffer = torch.full((batch.q.shape[0], heads, 2 * dim), float("nan"))
     out = out_buffer[:, :, :dim]
     assert batch.run(out=out) is out
     assert_matches_reference(batch, out)
     assert out_buffer[:, :, dim:].isnan().all()  # nothing written outside the view
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_out_and_scale_arguments(device: str) -> None:
-    batch = make_batch(*MIXED, device=device)
+def test_out_and_scale_arguments() -> None:
+    batch = make_batch(*MIXED)
     out = torch.empty_like(batch.q)
     assert batch.run(out=out, scale=0.3) is out
     assert_matches_reference(batch, out, scale=0.3)
