@@ -29,6 +29,11 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                                               num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                               vocab_size=256, sliding_window=None)),
 }
+# The CUDA attention kernel takes head_dim 64 or 128 in float16/bfloat16.
+CUDA_CONFIGS: dict[str, tuple[str, dict]] = {
+    "llama_hd64": ("LlamaConfig", dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512)),
+}
 MAX_POSITIONS = 128
 
 
@@ -43,7 +48,7 @@ class HFModel:
 
 
 def build(name: str, root: Path, seed: int = 0) -> HFModel:
-    cls_name, kwargs = CONFIGS[name]
+    cls_name, kwargs = {**CONFIGS, **CUDA_CONFIGS}[name]
     config = getattr(transformers, cls_name)(max_position_embeddings=MAX_POSITIONS, initializer_range=0.2,
                                              rms_norm_eps=1e-6, **kwargs)
     torch.manual_seed(seed)

@@ -162,6 +162,18 @@ def test_tile_aligned_steps_give_the_same_tokens(llm: LLM) -> None:
     assert LLM("tiny", num_kv_blocks=8, tile_size="auto").engine.scheduler_config.tile_size is None
 
 
+def test_attention_plan_path_gives_the_same_tokens(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The plan drives the CUDA kernel; on the CPU it is only built and checked against
+    # each layer's call, which still covers building it once per step and growing it.
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    want = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    runner = llm.engine.executor.worker.runner
+    monkeypatch.setattr(runner, "use_attention_plan", True)
+    monkeypatch.setattr(runner, "_plan_size", (1, 1))
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
+    assert runner._plan is not None and runner._plan.max_tokens > 1 and runner._plan.max_batch > 1
+
+
 def test_kv_cache_sized_from_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     llm = LLM("tiny", max_num_seqs=4, max_model_len=64, block_size=16)
     assert llm.engine.scheduler_config.num_blocks == 4 * 64 // 16  # capped at what 4 requests can use

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import requires_cuda
 from hf_models import CONFIGS, HFModel, build, last_logits
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.engine import RowSampling, SequenceChunk, StepInput
@@ -76,3 +77,38 @@ def test_logprobs_are_transformers_log_softmax(hf: HFModel) -> None:
                        use_tqdm=False)[0]
     ref = torch.log_softmax(last_logits(hf.model, prompt), dim=0)[out.token_ids[0]].item()
     assert out.logprobs is not None and abs(out.logprobs[0] - ref) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def hf_cuda(tmp_path_factory: pytest.TempPathFactory) -> HFModel:
+    return build("llama_hd64", tmp_path_factory.mktemp("hf_cuda"))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype, tolerance", [("bfloat16", 0.05), ("float16", 0.01)])
+def test_prefill_logits_on_cuda(hf_cuda: HFModel, dtype: str, tolerance: float) -> None:
+    llm = LLM(str(hf_cuda.path), device="cuda", dtype=dtype, num_kv_blocks=16, block_size=16)
+    for prompt in hf_cuda.prompts[-3:]:
+        ours = _prefill_logits(llm, prompt, 16).cpu()
+        ref = last_logits(hf_cuda.model, prompt)
+        assert (ours - ref).abs().max() / ref.abs().max() < tolerance
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype, tolerance", [("bfloat16", 0.1), ("float16", 0.03)])
+def test_generation_on_cuda_follows_transformers(hf_cuda: HFModel, dtype: str, tolerance: float) -> None:
+    """Half precision may flip a near-tie, so instead of exact tokens: every token we
+    generate is (within tolerance) the float32 reference's argmax given our prefix, and
+    its logprob matches the reference's."""
+    llm = LLM(str(hf_cuda.path), device="cuda", dtype=dtype, num_kv_blocks=64, block_size=16, token_budget=64,
+              chunk_size=16, max_num_seqs=16, tile_size="auto")
+    params = [SamplingParams(temperature=0.0, max_tokens=m, logprobs=True) for m in hf_cuda.max_tokens]
+    outs = llm.generate(hf_cuda.prompts, params, use_tqdm=False)
+    assert llm.engine.scheduler.num_free_blocks == 64
+    for prompt, out in zip(hf_cuda.prompts, outs):
+        with torch.no_grad():
+            logits = hf_cuda.model(torch.tensor([prompt + out.token_ids])).logits[0].double()
+        ref = logits[len(prompt) - 1:-1].log_softmax(dim=1)
+        chosen = ref.gather(1, torch.tensor(out.token_ids).unsqueeze(1)).squeeze(1)
+        assert (ref.max(dim=1).values - chosen).max() < tolerance
+        assert (chosen - torch.tensor(out.logprobs, dtype=torch.float64)).abs().max() < tolerance

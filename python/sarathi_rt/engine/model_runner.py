@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from sarathi_rt import ops
 from sarathi_rt.models import LlamaForCausalLM, StepContext
 from sarathi_rt.profiling import nvtx_range
 
@@ -10,13 +11,21 @@ from .step_io import StepInput
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, block_size: int, num_blocks: int) -> None:
+    """`max_batch` / `max_tokens` size the attention plan's buffers (a larger step
+    grows them). The plan feeds the CUDA kernel; the CPU kernel ignores plans, so on the
+    CPU one is built only when `use_attention_plan` asks for it (tests do)."""
+
+    def __init__(self, model: LlamaForCausalLM, block_size: int, num_blocks: int, max_batch: int = 1,
+                 max_tokens: int = 1, use_attention_plan: bool | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = model.cos_sin_cache.device
         self.vocab_size = model.config.vocab_size
         self.max_position = model.config.max_position_embeddings
+        self.use_attention_plan = self.device.type == "cuda" if use_attention_plan is None else use_attention_plan
+        self._plan: ops.AttentionPlan | None = None
+        self._plan_size = (max_batch, max_tokens)
 
     def prepare(self, step: StepInput) -> tuple[torch.Tensor, StepContext]:
         """Token ids and the per-step context every layer reads."""
@@ -57,10 +66,26 @@ class ModelRunner:
         def tensor(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
+        host = [torch.tensor(v, dtype=torch.int32) for v in (cu_seqlens, seqlens_k, tables)]
+        cu_seqlens_q, seqlens_k_t, block_tables = (t.to(self.device, non_blocking=True) for t in host)
         ctx = StepContext(positions=tensor(positions, torch.int64), slot_mapping=tensor(slots, torch.int64),
-                          cu_seqlens_q=tensor(cu_seqlens, torch.int32), seqlens_k=tensor(seqlens_k, torch.int32),
-                          block_tables=tensor(tables, torch.int32), logits_indices=tensor(logits_rows, torch.int64))
+                          cu_seqlens_q=cu_seqlens_q, seqlens_k=seqlens_k_t, block_tables=block_tables,
+                          logits_indices=tensor(logits_rows, torch.int64),
+                          attention_plan=self._attention_plan(*host) if self.use_attention_plan else None)
         return tensor(ids, torch.int64), ctx
+
+    def _attention_plan(self, cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor,
+                        block_tables: torch.Tensor) -> ops.AttentionPlan:
+        """Plan this step from the host-side index arrays, refilling the previous plan's
+        buffers in place while the step fits them."""
+        batch, tokens = seqlens_k.shape[0], int(cu_seqlens_q[-1])
+        if self._plan is not None and (batch > self._plan.max_batch or tokens > self._plan.max_tokens):
+            self._plan = None
+        self._plan_size = (max(batch, self._plan_size[0]), max(tokens, self._plan_size[1]))
+        attn = next(iter(self.model.layers.values())).self_attn
+        self._plan = ops.plan_attention(cu_seqlens_q, seqlens_k, block_tables, attn.k_cache, attn.num_heads,
+                                        plan=self._plan, max_batch=self._plan_size[0], max_tokens=self._plan_size[1])
+        return self._plan
 
     @torch.inference_mode()
     def run(self, step: StepInput) -> torch.Tensor:

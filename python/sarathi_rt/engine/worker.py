@@ -28,7 +28,8 @@ class Worker:
             shape, config.device, config.max_num_seqs, self.max_model_len, config.kv_memory_fraction)
         self.kv_cache = KVCache(shape, self.num_kv_blocks, config.device)
         self.model.bind_kv_cache(self.kv_cache)
-        self.runner = ModelRunner(self.model, config.block_size, self.num_kv_blocks)
+        self.runner = ModelRunner(self.model, config.block_size, self.num_kv_blocks, config.max_num_seqs,
+                                  config.token_budget)
         self.sampler = Sampler()
 
     @torch.inference_mode()

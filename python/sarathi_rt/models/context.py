@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from sarathi_rt.ops import AttentionPlan
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,8 @@ class StepContext:
     positions, slot_mapping: int64 [num_tokens]; cu_seqlens_q: int32 [batch + 1];
     seqlens_k: int32 [batch] (cached tokens, this step's included); block_tables:
     int32 [batch, max_blocks]; logits_indices: int64 [rows that sample a token];
-    attention_plan: an ops.AttentionPlan shared by every layer, when the op offers one.
+    attention_plan: the step's hybrid-attention work list, shared by every layer (built
+    on CUDA, where the kernel runs from it).
     """
 
     positions: torch.Tensor
@@ -24,7 +26,7 @@ class StepContext:
     seqlens_k: torch.Tensor
     block_tables: torch.Tensor
     logits_indices: torch.Tensor
-    attention_plan: Any = None
+    attention_plan: AttentionPlan | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -74,9 +74,8 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
         ops.rotary_embedding(ctx.positions, q, k, cos_sin)
         ops.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
-        extra = {} if ctx.attention_plan is None else {"plan": ctx.attention_plan}
         out = ops.hybrid_attention(q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seqlens_k,
-                                   ctx.block_tables, scale=self.scale, **extra)
+                                   ctx.block_tables, scale=self.scale, plan=ctx.attention_plan)
         return self.o_proj(out.view(tokens, self.q_size))
 
 
