@@ -126,14 +126,15 @@ class LlamaForCausalLM(nn.Module):
         self.shard = (layout or ParallelLayout()).bind(config)
         hidden = config.hidden_size
         needs_embed = self.shard.is_first or (self.shard.is_last and config.tie_word_embeddings)
-        self.embed_tokens = _param(config.vocab_size, hidden, dtype=dtype, device=device) if needs_embed else None
+        vocab = len(self.shard.vocab)  # this rank's slice of the vocabulary
+        self.embed_tokens = _param(vocab, hidden, dtype=dtype, device=device) if needs_embed else None
         self.layers = nn.ModuleDict({str(i): DecoderLayer(config, self.shard, dtype, device)
                                      for i in self.shard.layers})
         self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype, device) if self.shard.is_last else None
         self.lm_head: nn.Parameter | None = None
         if self.shard.is_last:
             self.lm_head = self.embed_tokens if config.tie_word_embeddings else \
-                _param(config.vocab_size, hidden, dtype=dtype, device=device)
+                _param(vocab, hidden, dtype=dtype, device=device)
         self.register_buffer("cos_sin_cache", ops.rope_cos_sin_cache(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling).to(device),
             persistent=False)
@@ -154,7 +155,7 @@ class LlamaForCausalLM(nn.Module):
         if self.shard.is_first:
             if input_ids is None:
                 raise ValueError("input_ids is required on the first pipeline stage")
-            hidden, residual = nn.functional.embedding(input_ids, self.embed_tokens), None
+            hidden, residual = self.shard.embed(input_ids, self.embed_tokens), None
         else:
             if intermediate is None:
                 raise ValueError("intermediate (hidden, residual) is required after the first stage")
@@ -166,8 +167,10 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor | None,
-                       ctx: StepContext) -> torch.Tensor:
-        """float32 logits [rows, vocab] for the rows in ctx.logits_indices only."""
+                       ctx: StepContext) -> torch.Tensor | None:
+        """float32 logits [rows, vocab] for the rows in ctx.logits_indices only. Under
+        tensor parallelism each rank computes its vocabulary slice and the full rows
+        land on tensor rank 0; the other ranks get None."""
         if self.norm is None or self.lm_head is None:
             raise RuntimeError("compute_logits runs on the last pipeline stage only")
         rows = hidden.index_select(0, ctx.logits_indices)
@@ -175,4 +178,4 @@ class LlamaForCausalLM(nn.Module):
             normed = self.norm(rows)
         else:
             normed, _ = self.norm(rows, residual.index_select(0, ctx.logits_indices))
-        return ops.linear(normed, self.lm_head).float()
+        return self.shard.gather_logits(ops.linear(normed, self.lm_head).float())

@@ -28,10 +28,10 @@ def _targets(model: LlamaForCausalLM, name: str) -> list[tuple[torch.Tensor, tup
     stage/rank has no use for it."""
     shard, cfg = model.shard, model.config
     if name == "model.embed_tokens.weight":
-        return [(model.embed_tokens, (ALL,))] if model.embed_tokens is not None else []
+        return [(model.embed_tokens, (shard.vocab_slice(),))] if model.embed_tokens is not None else []
     if name == "lm_head.weight":
         tied = cfg.tie_word_embeddings
-        return [(model.lm_head, (ALL,))] if model.lm_head is not None and not tied else []
+        return [(model.lm_head, (shard.vocab_slice(),))] if model.lm_head is not None and not tied else []
     if name == "model.norm.weight":
         return [(model.norm.weight, (ALL,))] if model.norm is not None else []
     m = _LAYER.fullmatch(name)

@@ -2,9 +2,11 @@
 that follows from it. Every other module asks this one which slice it owns."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from .config import ModelConfig
 
@@ -13,13 +15,18 @@ from .config import ModelConfig
 class ParallelLayout:
     """Tensor parallelism splits attention heads and the MLP's intermediate dimension
     over `tp_size` ranks (column-parallel qkv/gate_up, row-parallel o/down followed by an
-    all-reduce); embeddings and lm_head stay whole on every rank. Pipeline parallelism
-    gives this stage the decoder layers [layer_start, layer_end)."""
+    all-reduce), and the vocabulary of the embedding and lm_head (Megatron's
+    vocab-parallel layers). Pipeline parallelism gives this stage the decoder layers
+    [layer_start, layer_end). `tp_group` is the torch.distributed group of this stage's
+    tensor-parallel ranks (None: the default group); `tp_root` is the global rank of
+    its tensor rank 0, which receives the gathered logits."""
 
     tp_rank: int = 0
     tp_size: int = 1
     layer_start: int = 0
     layer_end: int | None = None  # None: through the last layer
+    tp_group: Any = field(default=None, compare=False, repr=False)
+    tp_root: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
@@ -39,7 +46,18 @@ class ParallelLayout:
         for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
             if getattr(config, name) % self.tp_size:
                 raise ValueError(f"{name} ({getattr(config, name)}) must be divisible by tp_size ({self.tp_size})")
+        if config.vocab_size < self.tp_size:
+            raise ValueError(f"vocab_size ({config.vocab_size}) must be at least tp_size ({self.tp_size})")
         return BoundLayout(self, config, end)
+
+
+def stage_layers(num_layers: int, num_stages: int, stage: int) -> range:
+    """The decoder layers of pipeline stage `stage`: equal, contiguous slices, so that
+    equal micro-batches keep every stage equally busy."""
+    if num_layers % num_stages:
+        raise ValueError(f"pipeline_parallel_size ({num_stages}) must divide num_hidden_layers ({num_layers})")
+    per_stage = num_layers // num_stages
+    return range(stage * per_stage, (stage + 1) * per_stage)
 
 
 class BoundLayout:
@@ -56,6 +74,12 @@ class BoundLayout:
         self.intermediate = config.intermediate_size // tp
         self.head_dim = config.head_dim
         self.tp_rank, self.tp_size = layout.tp_rank, tp
+        # Every rank but the last owns ceil(vocab / tp) rows; gathered logits are padded
+        # to that width per rank, then cut back to vocab_size.
+        self.vocab_size = config.vocab_size
+        self.vocab_per_rank = -(-config.vocab_size // tp)
+        start = min(self.tp_rank * self.vocab_per_rank, config.vocab_size)
+        self.vocab = range(start, min(start + self.vocab_per_rank, config.vocab_size))
 
     def _rows(self, per_rank: int) -> slice:
         return slice(self.tp_rank * per_rank, (self.tp_rank + 1) * per_rank)
@@ -71,8 +95,36 @@ class BoundLayout:
         per_rank = {"o": self.num_heads * self.head_dim, "down": self.intermediate}
         return self._rows(per_rank[kind])
 
+    def vocab_slice(self) -> slice:
+        """Rows of the embedding / lm_head (vocabulary entries) this rank keeps."""
+        return slice(self.vocab.start, self.vocab.stop)
+
     def reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """Sum a row-parallel layer's partial outputs over the tensor-parallel group."""
         if self.tp_size > 1:
-            torch.distributed.all_reduce(partial)
+            dist.all_reduce(partial, group=self.layout.tp_group)
         return partial
+
+    def embed(self, input_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel lookup: rows outside this rank's slice read as zero, and the
+        all-reduce adds the one rank's row that holds each id (zeros add exactly)."""
+        if self.tp_size == 1:
+            return torch.nn.functional.embedding(input_ids, table)
+        local = input_ids - self.vocab.start
+        outside = (local < 0) | (local >= len(self.vocab))
+        out = torch.nn.functional.embedding(local.masked_fill(outside, 0), table)
+        out.masked_fill_(outside.unsqueeze(1), 0)
+        return self.reduce(out)
+
+    def gather_logits(self, local: torch.Tensor) -> torch.Tensor | None:
+        """[rows, this rank's vocab] -> [rows, vocab] on the tensor-parallel root (the
+        rank that samples); None on the other ranks."""
+        if self.tp_size == 1:
+            return local
+        rows, width = local.shape[0], self.vocab_per_rank
+        padded = local.new_zeros(rows, width)
+        padded[:, :local.shape[1]] = local
+        is_root = self.tp_rank == 0
+        parts = [torch.empty_like(padded) for _ in range(self.tp_size)] if is_root else None
+        dist.gather(padded, parts, dst=self.layout.tp_root, group=self.layout.tp_group)
+        return torch.cat(parts, dim=1)[:, :self.vocab_size] if parts is not None else None
