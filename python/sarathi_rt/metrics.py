@@ -23,6 +23,7 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)  # one per generated token
     finish_time: float | None = None
     num_preemptions: int = 0
+    bubble_time: float = 0.0  # pipeline parallelism: its micro-batches' waits for a busy stage
 
     @property
     def ttft(self) -> float | None:
@@ -59,6 +60,33 @@ class StepMetrics:
     num_decode_tokens: int
     batch_size: int
     tile_padding: int = 0
+
+
+@dataclass
+class StageMetrics:
+    """One pipeline stage's share of one step (micro-batch), from its tensor rank 0.
+    busy: seconds it computed (and posted the send); idle: seconds from the end of its
+    previous micro-batch until this one's input was there (waiting for the driver or
+    for the previous stage: its bubble). start_time is time.perf_counter in the stage's
+    process, the driver's clock too on one host (Linux: CLOCK_MONOTONIC)."""
+
+    step: int
+    stage: int
+    start_time: float
+    busy: float
+    idle: float
+
+    @property
+    def end_time(self) -> float:
+        return self.start_time + self.busy
+
+
+def pipeline_wait(stages: Sequence[StageMetrics]) -> float:
+    """Seconds one micro-batch waited for stages still busy with earlier ones: at each
+    stage, from when the previous stage handed it over until the stage had finished its
+    previous micro-batch (start_time - idle)."""
+    ordered = sorted(stages, key=lambda s: s.stage)
+    return sum(max(0.0, (cur.start_time - cur.idle) - prev.end_time) for prev, cur in zip(ordered, ordered[1:]))
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -179,7 +207,7 @@ def load_json(path: str | os.PathLike[str]) -> tuple[list[RequestMetrics], list[
 
 
 _REQUEST_CSV = ["arrival_time", "num_prompt_tokens", "first_scheduled_time", "first_token_time",
-                "finish_time", "num_preemptions", "token_times"]
+                "finish_time", "num_preemptions", "bubble_time", "token_times"]
 
 
 def save_requests_csv(path: str | os.PathLike[str], requests: Sequence[RequestMetrics]) -> None:
@@ -203,7 +231,8 @@ def load_requests_csv(path: str | os.PathLike[str]) -> list[RequestMetrics]:
                 first_scheduled_time=_opt(row["first_scheduled_time"]),
                 first_token_time=_opt(row["first_token_time"]),
                 token_times=[float(t) for t in row["token_times"].split()],
-                finish_time=_opt(row["finish_time"]), num_preemptions=int(row["num_preemptions"])))
+                finish_time=_opt(row["finish_time"]), num_preemptions=int(row["num_preemptions"]),
+                bubble_time=float(row.get("bubble_time") or 0.0)))
     return out
 
 

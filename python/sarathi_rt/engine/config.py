@@ -22,7 +22,11 @@ class EngineConfig:
     GPU memory), capped at what max_num_seqs full-length requests can use. tile_size:
     None, an int, or "auto" (the GEMM tile the ops choose for this model, if any).
     max_model_len None means the model's max_position_embeddings. seed picks the random
-    weights of a preset and the seeds of requests that bring none."""
+    weights of a preset and the seeds of requests that bring none.
+
+    tensor_parallel_size x pipeline_parallel_size > 1 runs the model in that many worker
+    processes (one GPU each on CUDA); worker_timeout (seconds) bounds every wait on them,
+    so a hung worker raises instead of hanging the engine."""
 
     model: str | Path
     device: str | torch.device = "cpu"
@@ -37,6 +41,9 @@ class EngineConfig:
     seed: int = 0
     max_model_len: int | None = None
     kv_memory_fraction: float | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    worker_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, Path)) or not str(self.model):
@@ -51,7 +58,8 @@ class EngineConfig:
             raise ValueError(f"device is {self.device!r} but no CUDA device is available")
         object.__setattr__(self, "device", device)
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
-        for name in ("token_budget", "max_num_seqs", "block_size"):
+        for name in ("token_budget", "max_num_seqs", "block_size", "tensor_parallel_size",
+                     "pipeline_parallel_size"):
             _positive(name, getattr(self, name))
         for name in ("chunk_size", "num_kv_blocks", "max_model_len"):
             if getattr(self, name) is not None:
@@ -62,6 +70,18 @@ class EngineConfig:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
         if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
+        if isinstance(self.worker_timeout, bool) or not isinstance(self.worker_timeout, (int, float)) \
+                or not self.worker_timeout > 0:
+            raise ValueError(f"worker_timeout must be a positive number of seconds, got {self.worker_timeout!r}")
+        world = self.world_size
+        if device.type == "cuda" and world > 1 and world > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size x pipeline_parallel_size ({world}) exceeds the "
+                             f"{torch.cuda.device_count()} CUDA devices")
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes: one per (tensor rank, pipeline stage)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def model_len(self, model_config: ModelConfig) -> int:
         """The longest sequence (prompt + generated) a request may reach."""

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from collections.abc import Sequence as Seq
 from typing import Hashable
 
-from sarathi_rt.metrics import RequestMetrics, StepMetrics
+from sarathi_rt.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeline_wait
 from sarathi_rt.models import resolve_config
 from sarathi_rt.profiling import nvtx_range
 from sarathi_rt.sampling import SamplingParams
@@ -25,13 +26,17 @@ class LLMEngine:
     the executor owns the model. `step()` runs one scheduler step end to end.
 
     Bad requests raise from add_request/abort (ValueError or TypeError naming the
-    argument) and leave the engine and every other request untouched."""
+    argument) and leave the engine and every other request untouched.
+
+    With pipeline parallelism the engine keeps as many plans (micro-batches) in flight
+    as the executor has stages, a request in at most one of them; each step() then
+    completes the oldest. `stage_metrics` gets each stage's busy/idle time per step."""
 
     def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
         self.config = config
         self.model_config, _ = resolve_config(config.model)
         self.max_model_len = config.model_len(self.model_config)
-        self.executor = executor if executor is not None else InProcessExecutor(config)
+        self.executor = executor if executor is not None else _default_executor(config)
         self.scheduler_config = SchedulerConfig(
             policy=config.policy, token_budget=config.token_budget, chunk_size=config.chunk_size,
             max_num_seqs=config.max_num_seqs, block_size=config.block_size,
@@ -39,6 +44,9 @@ class LLMEngine:
             tile_size=resolve_tile_size(config.tile_size, self.model_config, config))
         self.scheduler = create_scheduler(self.scheduler_config)
         self.step_metrics: list[StepMetrics] = []
+        self.stage_metrics: list[StageMetrics] = []
+        self._in_flight: deque[tuple[BatchPlan, float]] = deque()
+        self._failure: BaseException | None = None
         self._seqs: dict[Hashable, Sequence] = {}
         self._aborted: list[RequestOutput] = []
         self._seed_rng = random.Random(config.seed)
@@ -102,7 +110,7 @@ class LLMEngine:
         return request_id in self._seqs
 
     def has_unfinished(self) -> bool:
-        return bool(self._seqs) or bool(self._aborted)
+        return bool(self._seqs) or bool(self._aborted) or bool(self._in_flight)
 
     @property
     def num_unfinished(self) -> int:
@@ -112,7 +120,23 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One step: schedule, run the model, sample; returns an output for every request
         that got a token, finished, or was aborted since the last step."""
+        if self._failure is not None:
+            raise RuntimeError(f"the engine stopped after its executor failed: {self._failure}") \
+                from self._failure
         outputs, self._aborted = self._aborted, []
+        try:
+            while len(self._in_flight) < self.executor.pipeline_depth and self._submit_next():
+                pass
+            if self._in_flight:
+                plan, start = self._in_flight.popleft()
+                outputs += self._process(plan, self.executor.collect(), start)
+        except Exception as exc:  # the plans in flight are lost: the engine cannot go on
+            self._failure = exc
+            raise
+        return outputs
+
+    def _submit_next(self) -> bool:
+        """Schedule a plan and start it on the executor; False if nothing could run."""
         start = time.perf_counter()
         with nvtx_range("schedule"):
             plan = self.scheduler.schedule()
@@ -120,10 +144,14 @@ class LLMEngine:
             self._seqs[request_id].metrics.num_preemptions += 1
         if plan.is_empty:
             self.scheduler.update(plan)
-            return outputs
-        step_input = self._step_input(plan, start)
-        outputs += self._process(plan, self.executor.execute(step_input), start)
-        return outputs
+            return False
+        self.executor.submit(self._step_input(plan, start))
+        self._in_flight.append((plan, start))
+        return True
+
+    def shutdown(self) -> None:
+        """Stop the executor's workers (idempotent); the engine cannot step afterwards."""
+        self.executor.shutdown()
 
     def _step_input(self, plan: BatchPlan, start: float) -> StepInput:
         chunks = []
@@ -142,6 +170,11 @@ class LLMEngine:
         if len(out.token_ids) != len(emitting):
             raise RuntimeError(f"executor returned {len(out.token_ids)} tokens for {len(emitting)} rows")
         stopped, updated = [], []
+        self.stage_metrics.extend(out.stages)
+        waited = pipeline_wait(out.stages)
+        for e in plan.entries if waited else ():
+            if e.request_id in self._seqs:
+                self._seqs[e.request_id].metrics.bubble_time += waited
         for e, token, logprob in zip(emitting, out.token_ids, out.logprobs):
             seq = self._seqs.get(e.request_id)
             if seq is None:  # aborted while this step ran
@@ -162,3 +195,11 @@ class LLMEngine:
         self.step_metrics.append(StepMetrics(start, now - start, plan.num_tokens, plan.num_prefill_tokens,
                                              plan.num_decode_tokens, len(plan.entries), plan.tile_padding))
         return outputs
+
+
+def _default_executor(config: EngineConfig) -> Executor:
+    if config.world_size == 1:
+        return InProcessExecutor(config)
+    from .distributed import MultiprocessExecutor  # torch.distributed only when asked for
+
+    return MultiprocessExecutor(config)

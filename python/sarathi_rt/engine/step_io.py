@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable
 
+from sarathi_rt.metrics import StageMetrics
+
 
 @dataclass(frozen=True, slots=True)
 class RowSampling:
@@ -50,8 +52,10 @@ class StepInput:
 @dataclass(slots=True)
 class StepOutput:
     """One sampled token per chunk with `sampling`, in chunk order; `logprobs` holds the
-    sampled token's log probability for rows that asked for it (None elsewhere)."""
+    sampled token's log probability for rows that asked for it (None elsewhere).
+    `stages`: per pipeline stage timings, when the executor runs stages in processes."""
 
     step: int
     token_ids: list[int]
     logprobs: list[float | None]
+    stages: list[StageMetrics] = field(default_factory=list)

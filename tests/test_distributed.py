@@ -1,0 +1,150 @@
+"""Tensor and pipeline parallelism on CPU (gloo): TP=2, PP=2 and TP=2 x PP=2 worker
+processes give the single process's greedy tokens; a killed or hung worker fails the
+engine fast and leaves no process behind; bad sizes raise naming the argument."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from sarathi_rt import LLM, SamplingParams
+from sarathi_rt.engine import EngineConfig, LLMEngine
+from sarathi_rt.engine.distributed import WorkerError
+
+transformers = pytest.importorskip("transformers")
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
+# The sarathi policy with 16-token chunks and a 24-token budget: long prompts run as
+# several chunks, piggybacked on the decodes of the others.
+ENGINE = dict(policy="sarathi", chunk_size=16, token_budget=24, max_num_seqs=8, block_size=8, num_kv_blocks=96)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama with GQA (4 query, 2 KV heads), 2 layers, tied embeddings and an odd vocab
+    (301: the two vocabulary shards differ in size)."""
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=301,
+                                      tie_word_embeddings=True, max_position_embeddings=256,
+                                      initializer_range=0.2, rms_norm_eps=1e-6)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("dist") / "llama"
+    transformers.LlamaForCausalLM(config).float().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    rng = random.Random(1)
+    return [[rng.randrange(4, 301) for _ in range(n)] for n in (3, 40, 17, 9, 29, 1)]
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path, prompts: list[list[int]]) -> list[list[int]]:
+    with LLM(checkpoint, **ENGINE) as llm:
+        return [o.token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
+
+
+def _gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        return False
+    return not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)])
+def test_parallel_greedy_matches_one_process(checkpoint, prompts, reference, tp: int, pp: int) -> None:
+    with LLM(checkpoint, tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE) as llm:
+        engine = llm.engine
+        pids = engine.executor.pids
+        assert len(pids) == tp * pp
+        in_flight: list[set] = []
+        depths: list[int] = []
+        submit, collect = engine.executor.submit, engine.executor.collect
+
+        def spy_submit(step):  # a request is in at most one micro-batch in flight
+            ids = {c.request_id for c in step.chunks}
+            assert not any(ids & other for other in in_flight)
+            in_flight.append(ids)
+            submit(step)
+
+        def spy_collect():
+            depths.append(len(in_flight))
+            in_flight.pop(0)
+            return collect()
+
+        engine.executor.submit, engine.executor.collect = spy_submit, spy_collect
+        outputs = llm.generate(prompts, PARAMS, use_tqdm=False)
+        assert max(depths) == pp
+        assert [o.token_ids for o in outputs] == reference
+        steps, stages = engine.step_metrics, engine.stage_metrics
+        assert len(stages) == pp * len(steps)
+        assert sorted({s.stage for s in stages}) == list(range(pp))
+        assert all(s.busy > 0 and s.idle >= 0 for s in stages)
+        assert all(o.metrics.bubble_time >= 0 for o in outputs)
+        if pp > 1:  # a micro-batch reaches stage 1 after stage 0 has begun it (one clock)
+            starts: dict[tuple[int, int], float] = {(s.step, s.stage): s.start_time for s in stages}
+            assert all(starts[(s.step, 1)] > s.start_time for s in stages if s.stage == 0)
+    assert _gone(pids)
+
+
+def test_killed_worker_fails_fast_and_cleans_up(checkpoint, prompts) -> None:
+    llm = LLM(checkpoint, tensor_parallel_size=2, **ENGINE)
+    pids = llm.engine.executor.pids
+    for i, p in enumerate(prompts):
+        llm.engine.add_request(i, p, PARAMS)
+    llm.engine.step()
+    os.kill(pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"rank 1 .*killed by signal SIGKILL"):
+        while llm.engine.has_unfinished():
+            llm.engine.step()
+    assert time.monotonic() - start < 10
+    assert _gone(pids)
+    with pytest.raises(RuntimeError, match="engine stopped after its executor failed: worker rank 1"):
+        llm.engine.step()
+    llm.shutdown()  # idempotent after a failure
+
+
+def test_hung_worker_times_out(checkpoint, prompts) -> None:
+    engine = LLMEngine(EngineConfig(checkpoint, pipeline_parallel_size=2, worker_timeout=3, **ENGINE))
+    pids = engine.executor.pids
+    try:
+        engine.add_request(0, prompts[1], PARAMS)
+        engine.step()
+        os.kill(pids[1], signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match=r"no answer from worker rank 1 .*worker_timeout=3s"):
+            while engine.has_unfinished():
+                engine.step()
+        assert time.monotonic() - start < 10
+    finally:
+        engine.shutdown()
+    assert _gone(pids)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(tensor_parallel_size=3), r"tensor_parallel_size \(3\) must divide num_attention_heads \(4\)"),
+    (dict(pipeline_parallel_size=3), r"pipeline_parallel_size \(3\) must divide num_hidden_layers \(2\)"),
+    (dict(tensor_parallel_size=0), "tensor_parallel_size must be a positive int"),
+    (dict(pipeline_parallel_size=-1), "pipeline_parallel_size must be a positive int"),
+    (dict(tensor_parallel_size=2.0), "tensor_parallel_size must be a positive int"),
+])
+def test_bad_parallel_sizes_raise_before_spawning(checkpoint, kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        LLM(checkpoint, **kwargs)
+    assert not multiprocessing.active_children()
+
+
+def test_bad_worker_timeout() -> None:
+    with pytest.raises(ValueError, match="worker_timeout must be a positive number"):
+        EngineConfig("tiny", worker_timeout=0)
