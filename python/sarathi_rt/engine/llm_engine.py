@@ -41,6 +41,9 @@ class LLMEngine:
             policy=config.policy, token_budget=config.token_budget, chunk_size=config.chunk_size,
             max_num_seqs=config.max_num_seqs, block_size=config.block_size,
             num_blocks=self.executor.num_kv_blocks,
+            # A prompt's next chunk waits for its previous one to leave the pipeline, so
+            # each micro-batch in flight needs its own partial prompt to keep stages fed.
+            max_partial_prefills=config.pipeline_parallel_size,
             tile_size=resolve_tile_size(config.tile_size, self.model_config, config))
         self.scheduler = create_scheduler(self.scheduler_config)
         self.step_metrics: list[StepMetrics] = []
