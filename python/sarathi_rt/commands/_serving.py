@@ -20,7 +20,7 @@ def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
                    help=f"request lengths: {', '.join(BUILTIN_TRACES)}, a CSV path "
                         "(num_prefill_tokens,num_decode_tokens[,arrived_at]), fixed or uniform")
     w.add_argument("--length-scale", type=float, default=None,
-                   help="multiply trace lengths by this (default: 1/32 on the engine, 1 simulated)")
+                   help="multiply trace lengths by this (default: 1/8 on the engine, 1 simulated)")
     w.add_argument("--num-requests", type=int, default=None)
     w.add_argument("--arrival", choices=ARRIVALS, default="poisson")
     w.add_argument("--seed", type=int, default=0)

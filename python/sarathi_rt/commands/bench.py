@@ -2,7 +2,7 @@
 compare latency: TTFT, TBT, generation stalls, throughput, scheduling delay.
 
 By default it runs the real engine on the CPU (the cpu-small preset, ShareGPT lengths
-scaled to 1/32); `--simulate` replays the workload through the simulator with an A100
+scaled to 1/8); `--simulate` replays the workload through the simulator with an A100
 cost model instead."""
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="compare scheduling policies on one workload",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, policies="sarathi,vllm,orca")
-    p.add_argument("--qps", type=float, default=None, help="request rate (default: 2 on the engine, 1.5 simulated)")
+    p.add_argument("--qps", type=float, default=None, help="request rate (default: 0.75 on the engine, 1.5 simulated)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    fill_defaults(args, qps=(2.0, 1.5), num_requests=(24, 1000), length_scale=(1 / 32, 1.0),
+    fill_defaults(args, qps=(0.75, 1.5), num_requests=(12, 1000), length_scale=(1 / 8, 1.0),
                   token_budget=(32, 512), max_num_seqs=(32, 128))
     policies = parse_policies(args.policy)
     backend = make_backend(args)

@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fill_defaults(args, num_requests=(24, 1000), length_scale=(1 / 32, 1.0), max_num_seqs=(32, 128))
+    fill_defaults(args, num_requests=(12, 1000), length_scale=(1 / 8, 1.0), max_num_seqs=(32, 128))
     policies = parse_policies(args.policy)
     slo = SLO(args.tbt_slo, args.max_sched_delay)
     backend = make_backend(args)
