@@ -80,6 +80,7 @@ def _slo_budget(args: argparse.Namespace, backend: SimBackend | EngineBackend) -
         profile = profile_cost_model(backend.cost_model, list(range(32, 8193, 32)), num_decodes=num_decodes,
                                      context_len=context, label="(cost model)")
     else:
+        args.token_budget = tile * 8  # the profiling engine must fit the largest batch
         engine = backend.engine("sarathi", workload)
         cache_tokens = engine.executor.num_kv_blocks * args.block_size
         context = max(1, min(mean_len, cache_tokens // num_decodes - tile))
