@@ -160,7 +160,8 @@ def test_tensor_parallel_shards_slice_the_checkpoint(hf: HFModel) -> None:
         gate_up = torch.cat([tensors[layer + f"mlp.{p}_proj.weight"][inter] for p in ("gate", "up")])
         assert torch.equal(mlp.gate_up_proj.weight, gate_up)
         assert torch.equal(mlp.down_proj.weight, tensors[layer + "mlp.down_proj.weight"][:, inter])
-        assert torch.equal(model.embed_tokens, tensors["model.embed_tokens.weight"])
+        vocab = model.shard.vocab  # vocab-parallel embedding: this rank's rows
+        assert torch.equal(model.embed_tokens, tensors["model.embed_tokens.weight"][vocab.start:vocab.stop])
 
 
 @pytest.mark.parametrize("layout, match", [
