@@ -123,7 +123,8 @@ def test_hung_worker_times_out(checkpoint, prompts) -> None:
         engine.step()
         os.kill(pids[1], signal.SIGSTOP)
         start = time.monotonic()
-        with pytest.raises(WorkerError, match=r"no answer from worker rank 1 .*worker_timeout=3s"):
+        # Under load the stage before the hung one may be reported as waiting too.
+        with pytest.raises(WorkerError, match=r"no answer from worker .*rank 1 \(pipeline stage 1.*worker_timeout=3s"):
             while engine.has_unfinished():
                 engine.step()
         assert time.monotonic() - start < 10
