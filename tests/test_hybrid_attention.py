@@ -3,14 +3,13 @@ dtypes, chunked-prefill equivalence, layouts, and every bad input naming its arg
 (The CUDA kernel's tests, for its dtypes and head dims, are in test_attention_cuda.py.)"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from sarathi_rt import ops
-from sarathi_rt.ops import reference
+
+from attention_batches import PagedBatch, make_batch
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -28,64 +27,6 @@ def _one_torch_thread():
 SLACK = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 4e-3}
 
 
-@dataclass
-class PagedBatch:
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-    seqlens_k: torch.Tensor
-    block_tables: torch.Tensor
-
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return self.q, self.k_cache, self.v_cache, self.cu_seqlens_q, self.seqlens_k, self.block_tables
-
-    def run(self, **kwargs: object) -> torch.Tensor:
-        return ops.hybrid_attention(*self.args(), **kwargs)
-
-    def reference(self, **kwargs: object) -> torch.Tensor:
-        return reference.hybrid_attention(*self.args(), **kwargs)
-
-    def plain_torch(self, scale: float | None = None) -> torch.Tensor:
-        """What a user would write without us, at q's dtype: gather the pages, then SDPA
-        per request with the bottom-right causal mask."""
-        q, k_cache, v_cache, cu, seqlens_k, tables = self.args()
-        out = torch.empty_like(q)
-        bounds = cu.tolist()
-        for b, kv_len in enumerate(seqlens_k.tolist()):
-            q_len = bounds[b + 1] - bounds[b]
-            if q_len == 0:
-                continue
-            k, v = (reference.gather_kv(c, tables[b], kv_len).transpose(0, 1) for c in (k_cache, v_cache))
-            mask = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
-            out[bounds[b]:bounds[b + 1]] = F.scaled_dot_product_attention(
-                q[bounds[b]:bounds[b + 1]].transpose(0, 1), k, v, attn_mask=mask, scale=scale,
-                enable_gqa=True).transpose(0, 1)
-        return out
-
-
-def make_batch(q_lens: list[int], kv_lens: list[int], *, num_kv_heads: int = 2, group: int = 4, head_dim: int = 64,
-               block_size: int = 16, dtype: torch.dtype = torch.float32, seed: int = 0) -> PagedBatch:
-    """Requests scattered over shuffled pages of a random cache; unused table columns are
-    -1, so a kernel that reads past a request's pages fails loudly."""
-    g = torch.Generator().manual_seed(seed)
-    pages = [-(-kv // block_size) for kv in kv_lens]
-    num_blocks = sum(pages) + 3
-    order = torch.randperm(num_blocks, generator=g).int()
-    tables = torch.full((len(kv_lens), max(pages) + 1), -1, dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(pages):
-        tables[b, :n] = order[used:used + n]
-        used += n
-    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(cache_shape, generator=g).to(dtype)
-    v_cache = torch.randn(cache_shape, generator=g).to(dtype)
-    q = torch.randn(sum(q_lens), num_kv_heads * group, head_dim, generator=g).to(dtype)
-    cu = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    kv = torch.tensor(kv_lens, dtype=torch.int32)
-    return PagedBatch(*(q, k_cache, v_cache, cu, kv, tables))
-
-
 def assert_matches_reference(batch: PagedBatch, out: torch.Tensor, **kwargs: object) -> None:
     """Error vs float64 within twice what plain PyTorch reaches at the same dtype."""
     ref = batch.reference(**kwargs)
@@ -96,14 +37,14 @@ def assert_matches_reference(batch: PagedBatch, out: torch.Tensor, **kwargs: obj
 
 
 # Ragged lengths 1, 17, 37, 577 as decodes, whole prefills and chunks over a prefix.
-MIXED = ([1, 37, 17, 1, 1, 64], [17, 37, 577, 577, 1, 600])
+MIXED = [(1, 17), (37, 37), (17, 577), (1, 577), (1, 1), (64, 600)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_mixed_batch_matches_reference(dtype: torch.dtype, block_size: int, group: int) -> None:
-    batch = make_batch(*MIXED, group=group, block_size=block_size, dtype=dtype)
+    batch = make_batch(MIXED, group=group, block_size=block_size, dtype=dtype)
     assert_matches_reference(batch, batch.run())
 
 
@@ -112,19 +53,19 @@ def test_mixed_batch_matches_reference(dtype: torch.dtype, block_size: int, grou
 def test_single_kind_batches_match_reference(dtype: torch.dtype, kind: str) -> None:
     kv_lens = [1, 17, 37, 577, 64, 300]
     q_lens = [1] * len(kv_lens) if kind == "decode" else kv_lens
-    batch = make_batch(q_lens, kv_lens, dtype=dtype)
+    batch = make_batch(list(zip(q_lens, kv_lens)), dtype=dtype)
     assert_matches_reference(batch, batch.run())
 
 
 @pytest.mark.parametrize("head_dim", [8, 36, 80, 128, 256])
 def test_head_dims_up_to_256(head_dim: int) -> None:
-    batch = make_batch([1, 33, 5], [70, 33, 90], head_dim=head_dim)
+    batch = make_batch([(1, 70), (33, 33), (5, 90)], head_dim=head_dim)
     assert_matches_reference(batch, batch.run())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_long_context_decode(dtype: torch.dtype) -> None:
-    batch = make_batch([1, 1], [32768, 3], num_kv_heads=1, head_dim=128, dtype=dtype)
+    batch = make_batch([(1, 32768), (1, 3)], num_kv_heads=1, head_dim=128, dtype=dtype)
     assert_matches_reference(batch, batch.run())
 
 
@@ -133,7 +74,7 @@ def test_hundreds_of_requests() -> None:
     kv_lens = torch.randint(1, 200, (300,), generator=g).tolist()
     q_lens = [min(kv, 24) if b % 15 == 0 else 1 for b, kv in enumerate(kv_lens)]
     q_lens[7], kv_lens[7] = 0, 5  # a request with nothing to compute this step
-    batch = make_batch(q_lens, kv_lens, num_kv_heads=2, group=2, head_dim=32)
+    batch = make_batch(list(zip(q_lens, kv_lens)), num_kv_heads=2, group=2, head_dim=32)
     assert_matches_reference(batch, batch.run())
 
 
@@ -170,7 +111,7 @@ def test_chunked_prefill_equals_one_full_causal_attention(dtype: torch.dtype) ->
 
 
 def test_strided_q_from_fused_qkv_and_strided_out() -> None:
-    batch = make_batch(*MIXED, num_kv_heads=2, group=4, head_dim=64)
+    batch = make_batch(MIXED, num_kv_heads=2, group=4, head_dim=64)
     heads, kv_heads, dim = 8, 2, 64
     qkv = torch.randn(batch.q.shape[0], heads + 2 * kv_heads, dim)
     qkv[:, :heads] = batch.q
@@ -184,14 +125,14 @@ def test_strided_q_from_fused_qkv_and_strided_out() -> None:
 
 
 def test_out_and_scale_arguments() -> None:
-    batch = make_batch(*MIXED)
+    batch = make_batch(MIXED)
     out = torch.empty_like(batch.q)
     assert batch.run(out=out, scale=0.3) is out
     assert_matches_reference(batch, out, scale=0.3)
 
 
 def test_results_are_deterministic() -> None:
-    batch = make_batch(*MIXED, group=8)
+    batch = make_batch(MIXED, group=8)
     assert torch.equal(batch.run(), batch.run())
 
 
@@ -252,7 +193,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("what, error, match, change", BAD_INPUTS, ids=[case[0] for case in BAD_INPUTS])
 def test_bad_inputs_name_the_argument(what: str, error: type[Exception], match: str, change) -> None:
-    batch = make_batch([1, 2], [9, 2], num_kv_heads=2, group=2, head_dim=64, block_size=4)
+    batch = make_batch([(1, 9), (2, 2)], num_kv_heads=2, group=2, head_dim=64, block_size=4)
     assert batch.block_tables.shape == (2, 4)
     bad = _replace(batch, **change(batch))
     with pytest.raises(error, match=match):
@@ -260,7 +201,7 @@ def test_bad_inputs_name_the_argument(what: str, error: type[Exception], match: 
 
 
 def test_bad_out_and_head_dim_limits() -> None:
-    batch = make_batch([1, 2], [9, 2], head_dim=64, block_size=4)
+    batch = make_batch([(1, 9), (2, 2)], head_dim=64, block_size=4)
     with pytest.raises(TypeError, match="out has dtype"):
         batch.run(out=torch.empty_like(batch.q, dtype=torch.float16))
     with pytest.raises(ValueError, match="out has shape"):
@@ -271,6 +212,6 @@ def test_bad_out_and_head_dim_limits() -> None:
         batch.run(out=batch.q.numpy())
     with pytest.raises(ValueError, match="scale must be a finite number"):
         batch.run(scale=float("nan"))
-    big = make_batch([1], [3], head_dim=320)
+    big = make_batch([(1, 3)], head_dim=320)
     with pytest.raises(ValueError, match="Unsupported head_dim: 320"):
         big.run()
