@@ -12,7 +12,7 @@ import sarathi_rt.engine.model_runner
 import sarathi_rt.engine.sampler
 import sarathi_rt.models.llama
 from sarathi_rt import LLM, SamplingParams
-from sarathi_rt.engine import EngineConfig, LLMEngine
+from sarathi_rt.engine import LLMEngine
 from sarathi_rt.engine.memory import auto_num_blocks
 from sarathi_rt.kv_cache import KVCacheShape
 

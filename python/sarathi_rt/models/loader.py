@@ -115,7 +115,7 @@ def load_checkpoint(model: LlamaForCausalLM, path: str | Path) -> None:
 
 def hf_tensor_shapes(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor name and full shape a HF checkpoint of `config` holds."""
-    h, d = config.hidden_size, config.head_dim
+    h = config.hidden_size
     yield "model.embed_tokens.weight", (config.vocab_size, h)
     if not config.tie_word_embeddings:
         yield "lm_head.weight", (config.vocab_size, h)
