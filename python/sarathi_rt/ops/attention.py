@@ -7,6 +7,7 @@ import torch
 
 from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
+from sarathi_rt.ops._registry import native_op
 from sarathi_rt.ops.plan import AttentionPlan, plan_attention
 
 _FLOATS = tuple(DTYPE_CODES)
@@ -125,9 +126,7 @@ def _check_cuda_inputs(q: torch.Tensor, head_dim: int) -> None:
     _check_aligned("q", q)
 
 
-# torch.library registration keeps torch.compile and CUDA graphs working: the ops are
-# opaque to the compiler, with fake implementations that only describe effects.
-@torch.library.custom_op("sarathi_rt::write_kv", mutates_args=("k_cache", "v_cache"))
+@native_op("write_kv", mutates_args=("k_cache", "v_cache"))
 def _write_kv_op(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
     _C.write_kv(key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(),
@@ -135,12 +134,7 @@ def _write_kv_op(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, 
                 device_code(key), stream_of(key))
 
 
-@_write_kv_op.register_fake
-def _(key, value, k_cache, v_cache, slot_mapping) -> None:
-    return None
-
-
-@torch.library.custom_op("sarathi_rt::hybrid_attention_out", mutates_args=("out",))
+@native_op("hybrid_attention_out", mutates_args=("out",))
 def _hybrid_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          seqlens_k: torch.Tensor, block_tables: torch.Tensor, scale: float, out: torch.Tensor) -> None:
     _C.hybrid_attention(q.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cu_seqlens_q.data_ptr(),
@@ -149,13 +143,7 @@ def _hybrid_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                         DTYPE_CODES[q.dtype], device_code(q), stream_of(q))
 
 
-@_hybrid_attention_op.register_fake
-def _(q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_tables, scale, out) -> None:
-    return None
-
-
-@torch.library.custom_op("sarathi_rt::hybrid_attention_planned_out",
-                         mutates_args=("partial_out", "partial_lse", "out"))
+@native_op("hybrid_attention_planned_out", mutates_args=("partial_out", "partial_lse", "out"))
 def _hybrid_attention_planned_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                  block_tables: torch.Tensor, plan_buffer: torch.Tensor, partial_out: torch.Tensor,
                                  partial_lse: torch.Tensor, capacity: list[int], scale: float,
@@ -166,7 +154,3 @@ def _hybrid_attention_planned_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                 stream_of(q), plan_buffer.data_ptr(), capacity, partial_out.data_ptr(),
                                 partial_lse.data_ptr())
 
-
-@_hybrid_attention_planned_op.register_fake
-def _(q, k_cache, v_cache, block_tables, plan_buffer, partial_out, partial_lse, capacity, scale, out) -> None:
-    return None

@@ -8,6 +8,7 @@ import torch
 
 from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
+from sarathi_rt.ops._registry import native_op
 
 _FLOATS = tuple(DTYPE_CODES)
 
@@ -155,9 +156,7 @@ def rope_cos_sin_cache(rotary_dim: int, max_position: int, base: float, rope_sca
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
 
 
-# torch.library registration keeps torch.compile and CUDA graphs working; the fake
-# implementations only describe the (in-place) effects.
-@torch.library.custom_op("sarathi_rt::rms_norm_out", mutates_args=("out", "residual_out"))
+@native_op("rms_norm_out", mutates_args=("out", "residual_out"))
 def _rms_norm_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
                  out: torch.Tensor, residual_out: torch.Tensor | None) -> None:
     has_res = residual is not None and residual_out is not None
@@ -168,29 +167,15 @@ def _rms_norm_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
                 eps, DTYPE_CODES[x.dtype], device_code(x), stream_of(x))
 
 
-@_rms_norm_op.register_fake
-def _(x, residual, weight, eps, out, residual_out) -> None:
-    return None
-
-
-@torch.library.custom_op("sarathi_rt::silu_and_mul_out", mutates_args=("out",))
+@native_op("silu_and_mul_out", mutates_args=("out",))
 def _silu_and_mul_op(x: torch.Tensor, out: torch.Tensor) -> None:
     _C.silu_and_mul(x.data_ptr(), out.data_ptr(), x.shape[0], out.shape[1], x.stride(0), out.stride(0),
                     DTYPE_CODES[x.dtype], device_code(x), stream_of(x))
 
 
-@_silu_and_mul_op.register_fake
-def _(x, out) -> None:
-    return None
-
-
-@torch.library.custom_op("sarathi_rt::rotary_embedding", mutates_args=("q", "k"))
+@native_op("rotary_embedding", mutates_args=("q", "k"))
 def _rotary_op(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
     _C.rotary_embedding(positions.data_ptr(), q.data_ptr(), k.data_ptr(), cos_sin_cache.data_ptr(), q.shape[0],
                         q.shape[1], k.shape[1], q.shape[2], cos_sin_cache.shape[1], cos_sin_cache.shape[0],
                         q.stride()[:2], k.stride()[:2], DTYPE_CODES[q.dtype], device_code(q), stream_of(q))
 
-
-@_rotary_op.register_fake
-def _(positions, q, k, cos_sin_cache) -> None:
-    return None

@@ -14,6 +14,7 @@ import torch
 
 from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
+from sarathi_rt.ops._registry import native_op
 from sarathi_rt.ops.gemm_plan import gemm_plan
 
 _FLOATS = tuple(DTYPE_CODES)
@@ -60,14 +61,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.view(*x.shape[:-1], n)
 
 
-@torch.library.custom_op("sarathi_rt::linear_out", mutates_args=("out", "workspace"))
+@native_op("linear_out", mutates_args=("out", "workspace"))
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, config: int,
                split_k: int, workspace: torch.Tensor) -> None:
     _C.gemm(x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(), x.shape[0],
             weight.shape[0], x.shape[1], (x.stride(0), weight.stride(0), out.stride(0)), DTYPE_CODES[x.dtype],
             config, split_k, workspace.data_ptr(), workspace.numel(), device_code(x), stream_of(x))
 
-
-@_linear_op.register_fake
-def _(x, weight, bias, out, config, split_k, workspace) -> None:
-    return None

@@ -1,0 +1,33 @@
+"""Registers our ops with the PyTorch dispatcher so torch.compile and CUDA graphs see
+them as opaque ops with known effects.
+
+Every op here only writes into tensors it is given (mutates_args) and returns None, so a
+fake implementation has nothing to compute. The kernels are registered straight for the
+CPU and CUDA dispatch keys rather than through torch.library.custom_op: that skips its
+autograd and view-tracking Python layers on every call, and its lazy import of
+torch._dynamo on a process's first call (a second or more, paid again by every worker)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+_LIB = torch.library.Library("sarathi_rt", "DEF")
+
+
+def _no_output(*args: object, **kwargs: object) -> None:
+    return None
+
+
+def native_op(name: str, mutates_args: tuple[str, ...]) -> Callable[[Callable[..., None]], object]:
+    """`@native_op("write_kv", mutates_args=("k_cache", "v_cache"))` defines
+    torch.ops.sarathi_rt.write_kv from a typed Python function and returns that op."""
+
+    def register(fn: Callable[..., None]) -> object:
+        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
+        for dispatch_key in ("CPU", "CUDA"):
+            _LIB.impl(name, fn, dispatch_key)
+        torch.library.register_fake(f"sarathi_rt::{name}", _no_output, lib=_LIB)
+        return getattr(torch.ops.sarathi_rt, name)
+
+    return register
