@@ -136,6 +136,24 @@ def test_results_are_deterministic() -> None:
     assert torch.equal(batch.run(), batch.run())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group, head_dim", [(1, 80), (4, 64)])
+def test_a_query_gets_the_same_bits_in_any_chunking(dtype: torch.dtype, group: int, head_dim: int) -> None:
+    """Decode-sized steps read the pages directly, larger ones convert key chunks first;
+    each query's output must not depend on which path or tile computed it."""
+    n = 150
+    full = make_batch([(n, n)], group=group, head_dim=head_dim, dtype=dtype)
+    whole = full.run()
+    for chunk in (1, 7, 64):
+        parts = []
+        for start in range(0, n, chunk):
+            end = min(start + chunk, n)
+            step = _replace(full, q=full.q[start:end], cu_seqlens_q=torch.tensor([0, end - start], dtype=torch.int32),
+                            seqlens_k=torch.tensor([end], dtype=torch.int32))
+            parts.append(step.run())
+        assert torch.equal(torch.cat(parts), whole), f"chunks of {chunk}"
+
+
 def _replace(batch: PagedBatch, **fields: object) -> PagedBatch:
     return PagedBatch(**{**batch.__dict__, **fields})
 

@@ -3,8 +3,12 @@
 // so one source serves every clone that SRT_CPU_CLONES asks for.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <new>
+
+#include "cpu_dtype.h"
 
 // Compiles the hot function once per ISA level and picks one at load time (ifunc), so
 // the wheel runs on any x86-64 yet uses AVX2/FMA/F16C or AVX-512 where present. The
@@ -29,24 +33,86 @@ using vf = float __attribute__((vector_size(kLanes * sizeof(float))));
 using vi = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
 constexpr vi kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
+using vu16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+using vu32 = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+using vh = f16 __attribute__((vector_size(kLanes * sizeof(f16))));
+
+// kLanes elements from p as float32; half-precision converts in registers (exactly), so
+// keys and values can be read straight from the cache pages.
 SRT_SIMD_INLINE vf load(const float* p) {
   vf v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
+SRT_SIMD_INLINE vf load(const f16* p) {
+  vh h;
+  std::memcpy(&h, p, sizeof(h));
+  return __builtin_convertvector(h, vf);
+}
+SRT_SIMD_INLINE vf load(const bf16* p) {
+  vu16 h;
+  std::memcpy(&h, p, sizeof(h));
+  const vu32 bits = __builtin_convertvector(h, vu32) << 16;
+  vf v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+// The first n (< kLanes) elements, zeros after them; never reads past p + n.
+template <typename T>
+SRT_SIMD_INLINE vf load_partial(const T* p, int64_t n) {
+  T tail[kLanes] = {};
+  std::memcpy(tail, p, n * sizeof(T));
+  return load(tail);
+}
+// Lanes d .. d + kLanes of a row holding `len` valid elements (d is a multiple of kLanes).
+template <typename T>
+SRT_SIMD_INLINE vf load_row(const T* row, int64_t d, int64_t len) {
+  return d + kLanes <= len ? load(row + d) : load_partial(row + d, len - d);
+}
 SRT_SIMD_INLINE void store(float* p, const vf& v) { std::memcpy(p, &v, sizeof(v)); }
-SRT_SIMD_INLINE vf splat(float x) { return vf{} + x; }
+// Asks for every cache line of [p, p + bytes) ahead of its use.
+SRT_SIMD_INLINE void prefetch(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b);
+}
+// Lane 0 shuffled to every lane: one broadcast, which AVX-512 folds into an FMA's memory
+// operand. (vf{} + x costs a scalar add first, as x + 0 is not x when x is -0, and a
+// braced list of x made GCC 12 insert lane by lane.)
+static_assert(kLanes == 16, "splat's shuffle names every lane");
+SRT_SIMD_INLINE vf splat(float x) {
+  const vf v = {x};
+  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
 
+// Pairwise halving tree: a fixed order (so results are reproducible) that costs four
+// vector adds instead of fifteen dependent scalar ones.
 SRT_SIMD_INLINE float reduce_add(const vf& v) {
-  float s = 0.0f;
-  for (int64_t i = 0; i < kLanes; ++i) s += v[i];
-  return s;
+  using v8 = float __attribute__((vector_size(8 * sizeof(float))));
+  using v4 = float __attribute__((vector_size(4 * sizeof(float))));
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
 }
 SRT_SIMD_INLINE float reduce_max(const vf& v) {
   float m = v[0];
   for (int64_t i = 1; i < kLanes; ++i) m = m > v[i] ? m : v[i];
   return m;
 }
+
+// For std::vector: cache-line-aligned storage, so that no vector load or store of a
+// buffer indexed in multiples of kLanes splits across two lines.
+template <typename T>
+struct LineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  LineAllocator() = default;
+  template <typename U>
+  LineAllocator(const LineAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
+  bool operator==(const LineAllocator&) const { return true; }
+  bool operator!=(const LineAllocator&) const { return false; }
+};
 
 // 2^x for x <= 0: n = nearest integer, 2^(x - n) by its Taylor series (|x - n| <= 1/2,
 // relative error ~1e-7), times 2^n built in the exponent bits. Below -126 the result is
