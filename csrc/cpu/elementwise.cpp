@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "cpu_dtype.h"
+#include "cpu_simd.h"
 #include "sarathi_rt/elementwise.h"
 
 namespace sarathi_rt {
@@ -78,8 +78,17 @@ void rotary_rows(const RotaryParams& p) {
   }
 }
 
+// silu(g) = g * sigmoid(g), with sigmoid from one 2^x of a non-positive argument
+// (e^-|g|), so it never overflows: 1 / (1 + t) for g >= 0, t / (1 + t) below.
+SRT_SIMD_INLINE cpu::vf silu(const cpu::vf& g) {
+  const cpu::vf neg_abs = g < 0.0f ? g : -g;
+  const cpu::vf t = cpu::exp2_nonpositive(neg_abs * 1.4426950408889634f);  // log2(e)
+  const cpu::vf sigmoid = (g < 0.0f ? t : cpu::splat(1.0f)) / (1.0f + t);
+  return g * sigmoid;
+}
+
 template <typename T>
-void silu_and_mul_rows(const SiluAndMulParams& p) {
+SRT_CPU_CLONES void silu_and_mul_rows(const SiluAndMulParams& p) {
   const auto* x = static_cast<const T*>(p.x);
   auto* out = static_cast<T*>(p.out);
   const int64_t I = p.intermediate;
@@ -88,9 +97,9 @@ void silu_and_mul_rows(const SiluAndMulParams& p) {
     const T* gate = x + t * p.x_stride;
     const T* up = gate + I;
     T* o = out + t * p.out_stride;
-    for (int64_t i = 0; i < I; ++i) {
-      const float g = cpu::to_float(gate[i]);
-      o[i] = round_to<T>(g / (1.0f + std::exp(-g)) * cpu::to_float(up[i]));
+    for (int64_t i = 0; i < I; i += cpu::kLanes) {
+      const cpu::vf r = silu(cpu::load_row(gate, i, I)) * cpu::load_row(up, i, I);
+      for (int64_t lane = 0; lane < cpu::kLanes && i + lane < I; ++lane) o[i + lane] = round_to<T>(r[lane]);
     }
   }
 }
