@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from sarathi_rt import ops
+from sarathi_rt.budget import StepTimeProfile, choose_token_budget
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--csv", default="linear_staircase_cpu.csv")
     ap.add_argument("--print-every", type=int, default=64)
+    ap.add_argument("--tbt-slo", type=float, default=0.05,
+                    help="feed T(n) to the token-budget calibration with this TBT target (s)")
+    ap.add_argument("--tile-size", type=int, default=16, help="budget granularity for the calibration")
+    ap.add_argument("--plot", default="linear_staircase_budget.png")
     args = ap.parse_args()
     if args.max_tokens < 1 or args.step < 1 or args.repeats < 1:
         ap.error("--max-tokens, --step and --repeats must be >= 1")
@@ -85,6 +90,16 @@ def main() -> None:
     steps = sorted(((times[b] / times[a], a, b) for a, b in zip(counts, counts[1:])), reverse=True)[:8]
     print("largest steps T(b) / T(a): " + ", ".join(f"{a}->{b}: {r:.2f}x" for r, a, b in steps))
     print(f"wrote {args.csv} ({len(times)} rows)")
+
+    # The calibration reads the same staircase: the largest tile-aligned budget whose
+    # linears alone fit the TBT target (attention and overheads come on top, which the
+    # engine-level profile_step_time measures).
+    profile = StepTimeProfile(tuple(times), tuple(times.values()), num_decodes=0, context_len=0,
+                              label="cpu-small linears")
+    choice = choose_token_budget(profile, args.tbt_slo, args.tile_size, plot_path=args.plot)
+    print(f"token budget for a {args.tbt_slo * 1e3:.0f} ms TBT target (linears only, tile {args.tile_size}, "
+          f"margin {choice.margin:.0%}): {choice.token_budget} tokens, T = {choice.step_time * 1e3:.2f} ms; "
+          f"plot {args.plot}")
 
 
 if __name__ == "__main__":
