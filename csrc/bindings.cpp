@@ -284,17 +284,7 @@ void gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int6
   p.split_k = split_k;
   p.workspace = ptr<void>(workspace);
   p.workspace_bytes = workspace_bytes;
-  if (device == kCpu) throw py::value_error("gemm: the CUTLASS GEMM runs on CUDA tensors only");
-#if defined(SARATHI_RT_WITH_CUDA)
-  Status st;
-  {
-    py::gil_scoped_release release;
-    st = gemm_cuda(p, ptr<void>(stream));
-  }
-  raise_if_error(st);
-#else
-  no_cuda();
-#endif
+  launch(p, device, stream, &gemm_small_m_cpu, SRT_CUDA_LAUNCHER(gemm_cuda));
 }
 
 int attention_ctas_per_sm(int64_t head_dim, int dtype, int device) {
@@ -434,6 +424,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("gemm", &gemm, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("y"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("row_strides"), py::arg("dtype"), py::arg("config"), py::arg("split_k"),
         py::arg("workspace"), py::arg("workspace_bytes"), py::arg("device"), py::arg("stream"));
+  m.attr("GEMM_SMALL_M") = kGemmSmallM;
   m.def("gemm_tile_configs", &gemm_tile_configs_list, "The GEMM tile configurations the planner chooses from.");
   m.def("gemm_plan", &gemm_plan, py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("arch"),
         py::arg("num_sms"), py::arg("config") = -1, py::arg("split_k") = 0);

@@ -2,6 +2,8 @@
 // tile configuration and split-K that plan_gemm (gemm_plan.h) chose.
 #pragma once
 
+#include <string>
+
 #include "sarathi_rt/common.h"
 
 namespace sarathi_rt {
@@ -22,6 +24,11 @@ struct GemmParams {
 
 // Operands must be 16-byte aligned with k, n and the row strides multiples of 8.
 constexpr int64_t kGemmAlignment = 8;
+
+// The CPU kernel for a few rows against a weight too large to stay in cache (the LM head
+// of decode steps): any dtype, last dimensions contiguous, m <= kGemmSmallM.
+constexpr int64_t kGemmSmallM = 16;
+Status gemm_small_m_cpu(const GemmParams& p);
 
 #if defined(SARATHI_RT_WITH_CUDA)
 Status gemm_cuda(const GemmParams& p, void* stream);

@@ -1,0 +1,60 @@
+"""ops.linear on the CPU: torch's GEMM, and our weight-streaming kernel for a few rows
+against a large weight (the LM head of decode steps), both against float64."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sarathi_rt import _C, ops
+
+from conftest import ATOL
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    y = x.double() @ w.double().T
+    return y if b is None else y + b.double()
+
+
+def _kernel(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """The CPU kernel itself, whatever the shapes (ops.linear only sends it large weights)."""
+    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
+    torch.ops.sarathi_rt.linear_out(x, w, b, out, 0, 1, torch.empty(0, dtype=torch.uint8))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 7, 37), (5, 9, 16), (16, 33, 100), (3, 4, 512)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernel_matches_float64_on_ragged_shapes(dtype: torch.dtype, m: int, n: int, k: int, with_bias: bool) -> None:
+    g = torch.Generator().manual_seed(m * n + k)
+    x = (torch.randn(m, k, generator=g) / k ** 0.5).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if with_bias else None
+    ref = _reference(x, w, b)
+    out = _kernel(x, w, b)
+    # One rounding of the float32 sum to the storage dtype, as torch's own GEMM does.
+    torch_err = (torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float()).to(dtype).double()
+                 - ref).abs().max().item()
+    assert out.dtype == dtype and out.shape == (m, n)
+    assert (out.double() - ref).abs().max().item() <= 2 * torch_err + ATOL[dtype]
+
+
+def test_kernel_takes_strided_rows_and_rejects_too_many() -> None:
+    x = torch.randn(4, 80)[:, :64]  # rows 80 apart
+    w = torch.randn(10, 64)
+    assert torch.allclose(_kernel(x, w, None).double(), _reference(x, w, None), atol=1e-4)
+    with pytest.raises(ValueError, match=f"takes 0..{_C.GEMM_SMALL_M} rows"):
+        _kernel(torch.randn(_C.GEMM_SMALL_M + 1, 64), w, None)
+
+
+@pytest.mark.parametrize("rows", [1, _C.GEMM_SMALL_M, _C.GEMM_SMALL_M + 1, 40])
+def test_linear_on_a_vocab_sized_weight(rows: int) -> None:
+    """8192 x 512 float32 is 16 MiB: the streaming kernel for up to GEMM_SMALL_M rows, torch above."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(2, rows, 512, generator=g)[1]  # a view, as the model's hidden states are
+    w = torch.randn(8192, 512, generator=g) / 512 ** 0.5
+    out = ops.linear(x, w)
+    assert out.shape == (rows, 8192)
+    assert (out.double() - _reference(x, w, None)).abs().max().item() < 2e-5
