@@ -162,9 +162,6 @@ class MetricsSummary:
                 "stalls": self.stalls, "tokens_per_s": self.tokens_per_s,
                 "sched_delay_p50": self.sched_delay.p50}
 
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
 
 def summarize(requests: Sequence[RequestMetrics], steps: Sequence[StepMetrics],
               stall_factor: float = DEFAULT_STALL_FACTOR) -> MetricsSummary:

@@ -18,7 +18,3 @@ def nvtx_range(name: str, phase: str | None = None) -> AbstractContextManager[ob
     if _nvtx is None:
         return nullcontext()
     return _nvtx.annotate(name, color=_COLORS.get(phase or name, "gray"), domain="sarathi_rt")
-
-
-def nvtx_enabled() -> bool:
-    return _nvtx is not None

@@ -34,10 +34,6 @@ class Request:
     def is_prefill(self) -> bool:
         return self.num_computed < self.prefill_target
 
-    @property
-    def prefill_left(self) -> int:
-        return self.prefill_target - self.num_computed
-
     def info(self) -> RequestInfo:
         return RequestInfo(self.request_id, self.num_prompt_tokens, self.max_new_tokens,
                            self.arrival, self.status, self.num_computed, self.num_generated,
