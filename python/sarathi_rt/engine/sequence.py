@@ -30,7 +30,9 @@ class Sequence:
         p = len(self.prompt)
         if start + n <= p:
             return self.prompt[start:start + n]
-        return (self.prompt + self.output)[start:start + n]
+        if start >= p:  # a decode: no copy of the whole sequence per step
+            return self.output[start - p:start - p + n]
+        return self.prompt[start:] + self.output[:start + n - p]
 
     def row_sampling(self) -> RowSampling:
         p = self.params

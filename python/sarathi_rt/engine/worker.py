@@ -42,7 +42,7 @@ class Worker:
         self.num_kv_blocks = num_blocks
         self.kv_cache = KVCache(self.kv_shape, num_blocks, self.config.device)
         self.model.bind_kv_cache(self.kv_cache)
-        self.runner = ModelRunner(self.model, self.config.block_size, num_blocks, self.config.max_num_seqs,
+        self.runner = ModelRunner(self.model, self.config.block_size, self.config.max_num_seqs,
                                   self.config.token_budget)
 
     @torch.inference_mode()
