@@ -20,54 +20,18 @@ import time
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from sarathi_rt import ops
+from sarathi_rt.ops import reference
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def build_batch(q_lens: list[int], kv_lens: list[int], args: argparse.Namespace, dtype: torch.dtype,
-                device: str) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(args.seed)
-    pages = [-(-kv // args.block_size) for kv in kv_lens]
-    num_blocks = sum(pages)
-    order = torch.randperm(num_blocks, generator=g).int()  # requests' pages scattered in the cache
-    tables = torch.zeros(len(kv_lens), max(pages), dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(pages):
-        tables[b, :n] = order[used:used + n]
-        used += n
-    cache_shape = (num_blocks, args.block_size, args.kv_heads, args.head_dim)
-    tensors = {
-        "q": torch.randn(sum(q_lens), args.q_heads, args.head_dim, generator=g).to(dtype),
-        "k_cache": torch.randn(cache_shape, generator=g).to(dtype),
-        "v_cache": torch.randn(cache_shape, generator=g).to(dtype),
-        "cu_seqlens_q": torch.tensor([0] + q_lens).cumsum(0).int(),
-        "seqlens_k": torch.tensor(kv_lens, dtype=torch.int32),
-        "block_tables": tables,
-    }
-    return {name: t.to(device) for name, t in tensors.items()}
-
-
-def ours(batch: dict[str, torch.Tensor], out: torch.Tensor) -> None:
-    ops.hybrid_attention(**batch, out=out)
-
-
-def baseline(batch: dict[str, torch.Tensor], out: torch.Tensor) -> None:
-    """Plain PyTorch: per request, gather the pages, then SDPA (GQA, bottom-right causal)."""
-    block_size = batch["k_cache"].shape[1]
-    bounds = batch["cu_seqlens_q"].tolist()
-    for b, kv_len in enumerate(batch["seqlens_k"].tolist()):
-        q = batch["q"][bounds[b]:bounds[b + 1]].transpose(0, 1)
-        pages = batch["block_tables"][b, :-(-kv_len // block_size)].long()
-        k, v = (cache[pages].flatten(0, 1)[:kv_len].transpose(0, 1) for cache in (batch["k_cache"], batch["v_cache"]))
-        q_len = q.shape[1]
-        mask = None
-        if q_len > 1:
-            mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
-        out[bounds[b]:bounds[b + 1]] = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                                       enable_gqa=True).transpose(0, 1)
+def build_batch(q_lens: list[int], kv_lens: list[int], args: argparse.Namespace,
+                dtype: torch.dtype) -> reference.PagedBatch:
+    return reference.random_paged_batch(list(zip(q_lens, kv_lens)), num_q_heads=args.q_heads,
+                                        num_kv_heads=args.kv_heads, head_dim=args.head_dim,
+                                        block_size=args.block_size, dtype=dtype, device=args.device, seed=args.seed)
 
 
 def median_ms(fn: Callable[[], None], iters: int, warmup: int, device: str) -> float:
@@ -90,13 +54,20 @@ def streaming_read_gbs(nbytes: int, args: argparse.Namespace) -> float:
     return nbytes / median_ms(lambda: data.sum(), args.iters, args.warmup, args.device) / 1e6
 
 
-def compare(name: str, batch: dict[str, torch.Tensor], args: argparse.Namespace) -> tuple[float, float]:
-    out_ours, out_base = torch.empty_like(batch["q"]), torch.empty_like(batch["q"])
-    ours(batch, out_ours)
-    baseline(batch, out_base)
+def compare(name: str, batch: reference.PagedBatch, args: argparse.Namespace) -> tuple[float, float]:
+    out_ours, out_base = torch.empty_like(batch.q), torch.empty_like(batch.q)
+
+    def ours() -> None:
+        ops.hybrid_attention(*batch.args(), out=out_ours)
+
+    def baseline() -> None:
+        reference.sdpa_per_request(*batch.args(), out=out_base)
+
+    ours()
+    baseline()
     diff = (out_ours.double() - out_base.double()).abs().max().item()
-    t_ours = median_ms(lambda: ours(batch, out_ours), args.iters, args.warmup, args.device)
-    t_base = median_ms(lambda: baseline(batch, out_base), args.iters, args.warmup, args.device)
+    t_ours = median_ms(ours, args.iters, args.warmup, args.device)
+    t_base = median_ms(baseline, args.iters, args.warmup, args.device)
     print(f"{name:<12} hybrid_attention {t_ours:8.3f} ms   gather+SDPA {t_base:8.3f} ms   "
           f"speedup {t_base / t_ours:5.2f}x   max |diff| {diff:.2e}")
     return t_ours, t_base
@@ -122,9 +93,9 @@ def main() -> None:
     print(f"device {args.device}, {args.dtype}, {args.q_heads} q heads / {args.kv_heads} kv heads, head_dim "
           f"{args.head_dim}, block {args.block_size}, torch threads {torch.get_num_threads()}, "
           f"median of {args.iters} after {args.warmup} warm-up")
-    mixed = build_batch([1] * 32 + [chunk], decode_kv + [prefix + chunk], args, dtype, args.device)
+    mixed = build_batch([1] * 32 + [chunk], decode_kv + [prefix + chunk], args, dtype)
     t_ours, t_base = compare("mixed", mixed, args)
-    decodes = build_batch([1] * 32, decode_kv, args, dtype, args.device)
+    decodes = build_batch([1] * 32, decode_kv, args, dtype)
     d_ours, d_base = compare("decode-only", decodes, args)
 
     kv_bytes = 2 * sum(decode_kv) * args.kv_heads * args.head_dim * dtype.itemsize

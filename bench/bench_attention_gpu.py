@@ -73,17 +73,8 @@ def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 5, r
 
 
 @dataclass
-class Batch:
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-    seqlens_k: torch.Tensor
-    block_tables: torch.Tensor
+class Batch(reference.PagedBatch):
     lengths: list[tuple[int, int]]
-
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return self.q, self.k_cache, self.v_cache, self.cu_seqlens_q, self.seqlens_k, self.block_tables
 
     def kv_bytes(self) -> int:
         per_token = 2 * self.k_cache.shape[2] * self.k_cache.shape[3] * self.k_cache.element_size()
@@ -96,20 +87,9 @@ class Batch:
 
 
 def make_batch(lengths: list[tuple[int, int]], s: Shape, dtype: torch.dtype, device: torch.device) -> Batch:
-    pages = [-(-kv // s.block_size) for _, kv in lengths]
-    width = max(pages)
-    tables = torch.zeros(len(lengths), width, dtype=torch.int32)
-    perm = torch.randperm(sum(pages), generator=torch.Generator().manual_seed(0)).to(torch.int32)
-    start = 0
-    for b, n in enumerate(pages):
-        tables[b, :n] = perm[start:start + n]
-        start += n
-    shape = (sum(pages), s.block_size, s.kv_heads, s.head_dim)
-    cu = torch.tensor([0] + [q for q, _ in lengths]).cumsum(0).to(torch.int32)
-    return Batch(torch.randn(int(cu[-1]), s.q_heads, s.head_dim, dtype=dtype, device=device),
-                 torch.randn(shape, dtype=dtype, device=device), torch.randn(shape, dtype=dtype, device=device),
-                 cu.to(device), torch.tensor([kv for _, kv in lengths], dtype=torch.int32, device=device),
-                 tables.to(device), lengths)
+    b = reference.random_paged_batch(lengths, num_q_heads=s.q_heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim,
+                                     block_size=s.block_size, dtype=dtype, device=device)
+    return Batch(*b.args(), lengths)
 
 
 def dense_kv(b: Batch, request: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:

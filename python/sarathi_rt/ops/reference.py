@@ -1,10 +1,13 @@
 """Plain-PyTorch references of every op, written to be read. Tests compare the kernels
-against these, usually in float64."""
+against these, usually in float64. Also the random paged batches that the attention tests
+and benchmarks run on, and the gather + SDPA code a user would write without us."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -47,6 +50,64 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
         out[cu[b]:cu[b + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
     return out
+
+
+def sdpa_per_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     seqlens_k: torch.Tensor, block_tables: torch.Tensor, *, scale: float | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """What a user would write without us, at q's dtype: per request, gather the pages,
+    then torch's SDPA (GQA) with the bottom-right causal mask."""
+    out = torch.empty_like(q) if out is None else out
+    bounds = cu_seqlens_q.tolist()
+    for b, kv_len in enumerate(seqlens_k.tolist()):
+        q_len = bounds[b + 1] - bounds[b]
+        if q_len == 0:
+            continue
+        k, v = (gather_kv(c, block_tables[b], kv_len).transpose(0, 1) for c in (k_cache, v_cache))
+        mask = None if q_len == 1 else torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
+        out[bounds[b]:bounds[b + 1]] = F.scaled_dot_product_attention(
+            q[bounds[b]:bounds[b + 1]].transpose(0, 1), k, v, attn_mask=mask, scale=scale,
+            enable_gqa=True).transpose(0, 1)
+    return out
+
+
+@dataclass
+class PagedBatch:
+    """The inputs of one hybrid_attention call."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seqlens_k: torch.Tensor
+    block_tables: torch.Tensor
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return self.q, self.k_cache, self.v_cache, self.cu_seqlens_q, self.seqlens_k, self.block_tables
+
+
+def random_paged_batch(lengths: list[tuple[int, int]], *, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                       block_size: int = 16, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                       spare_blocks: int = 0, seed: int = 0) -> PagedBatch:
+    """Random q and caches for requests of (q_len, kv_len), each request's pages scattered
+    over a shuffled pool (plus `spare_blocks` nobody owns). Unused table columns are -1,
+    so a kernel that reads past a request's pages fails loudly."""
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-kv // block_size) for _, kv in lengths]
+    num_blocks = sum(pages) + spare_blocks
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    tables = torch.full((len(lengths), max(pages) + 1), -1, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(pages):
+        tables[b, :n] = perm[used:used + n]
+        used += n
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=g).to(dtype)
+    v_cache = torch.randn(shape, generator=g).to(dtype)
+    cu = torch.tensor([0] + [q for q, _ in lengths], dtype=torch.int32).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu[-1]), num_q_heads, head_dim, generator=g).to(dtype)
+    seqlens_k = torch.tensor([kv for _, kv in lengths], dtype=torch.int32)
+    return PagedBatch(*(t.to(device) for t in (q, k_cache, v_cache, cu, seqlens_k, tables)))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
