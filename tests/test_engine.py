@@ -216,7 +216,7 @@ def test_nvtx_phases(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
         seen.append(phase or name)
         return nullcontext()
 
-    for module in (sarathi_rt.engine.llm_engine, sarathi_rt.engine.model_runner, sarathi_rt.engine.sampler,
+    for module in (sarathi_rt.engine.llm_engine, sarathi_rt.engine.worker, sarathi_rt.engine.sampler,
                    sarathi_rt.models.llama):
         monkeypatch.setattr(module, "nvtx_range", record)
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=2))

@@ -24,7 +24,7 @@ from sarathi_rt.metrics import StageMetrics
 from sarathi_rt.models import resolve_config
 
 from ..config import EngineConfig
-from ..step_io import RowSampling, SequenceChunk, StepInput, StepOutput
+from ..step_io import StepInput, StepOutput
 from ..worker import Worker
 from .topology import Topology
 
@@ -103,7 +103,6 @@ def _serve(spec: WorkerSpec, inbox: Any, outbox: Any) -> None:
     outbox.put(Report("ready", rank, payload=worker.num_kv_blocks))
     worker.allocate_kv_cache(_next(inbox, spec))
     stage = PipelineStage(worker, topo, rank)
-    stage.warm_up()
     outbox.put(Report("allocated", rank))
     while (step := _next(inbox, spec)) is not None:
         metrics, out = stage.run(step, received=time.perf_counter())
@@ -124,21 +123,6 @@ class PipelineStage:
         self._last_end: float | None = None
 
     @torch.inference_mode()
-    def warm_up(self) -> None:
-        """One token through this stage's layers (and the logits' gather), without the
-        pipeline's send/recv, so that one-off costs (lazy imports, first allocations)
-        fall in start-up rather than in the first request's time to first token. It
-        writes block 0's first slot, which a request overwrites before reading."""
-        step = StepInput(0, [SequenceChunk("warm-up", [0], 0, [0], RowSampling(0.0, None, 1.0, 0, 0))])
-        input_ids, ctx = self.worker.runner.prepare(step)
-        zeros = torch.zeros(1, self.model.config.hidden_size, dtype=self.model.dtype,
-                            device=self.worker.config.device)
-        hidden, residual = self.model(ctx, input_ids=input_ids if self.prev is None else None,
-                                      intermediate=None if self.prev is None else (zeros, zeros))
-        if self.next is None:
-            self.model.compute_logits(hidden, residual, ctx)
-
-    @torch.inference_mode()
     def run(self, step: StepInput, received: float) -> tuple[StageMetrics, StepOutput | None]:
         """Run one micro-batch; `received`: when the driver's StepInput arrived."""
         intermediate = None
@@ -149,21 +133,15 @@ class PipelineStage:
             dist.recv(buf, src=self.prev)
             intermediate = (buf[0], buf[1])
         start = time.perf_counter()
-        input_ids, ctx = self.worker.runner.prepare(step)
-        hidden, residual = self.model(ctx, input_ids=input_ids if self.prev is None else None,
-                                      intermediate=intermediate)
+        result = self.worker.execute(step, intermediate)
         out = None
         if self.next is not None:
-            payload = torch.stack([hidden, residual])
+            payload = torch.stack(result)
             self._sends.append((dist.isend(payload, dst=self.next), payload))
             while len(self._sends) > self.max_sends:
                 self._sends.popleft()[0].wait()
         else:
-            logits = self.model.compute_logits(hidden, residual, ctx)
-            if logits is not None:
-                rows = [c.sampling for c in step.chunks if c.sampling is not None]
-                token_ids, logprobs = self.worker.sampler(logits, rows)
-                out = StepOutput(step.step, token_ids, logprobs)
+            out = result
         if self._cuda:  # the timing should cover the kernels, not just their launch
             torch.cuda.synchronize()
         end = time.perf_counter()
