@@ -42,6 +42,24 @@ class WorkerSpec:
     kv_memory_fraction: float | None
 
 
+class Progress:
+    """Per rank, the last step it started and the last it finished, in memory shared
+    with the driver: when a step times out, the driver names the ranks that never began
+    it (hung) apart from those that began it and wait on a peer, at no cost per step."""
+
+    def __init__(self, words: Any) -> None:
+        self.words = words  # 2 x world_size signed 64-bit integers, all -1 at first
+
+    def mark(self, rank: int, step: int, done: bool) -> None:
+        self.words[2 * rank + done] = step
+
+    def started(self, rank: int) -> int:
+        return self.words[2 * rank]
+
+    def finished(self, rank: int) -> int:
+        return self.words[2 * rank + 1]
+
+
 @dataclass(frozen=True)
 class Report:
     """Worker -> driver. kind: "ready" (payload: KV blocks that fit), "allocated",
@@ -57,9 +75,9 @@ class DriverGone(Exception):
     """The driver process exited; the worker leaves quietly."""
 
 
-def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any) -> None:
+def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, progress: Progress) -> None:
     try:
-        _serve(spec, inbox, outbox)
+        _serve(spec, inbox, outbox, progress)
     except DriverGone:
         pass
     except BaseException:  # the driver turns this into a WorkerError naming the rank
@@ -81,7 +99,7 @@ def _next(inbox: Any, spec: WorkerSpec) -> Any:
                 raise DriverGone from None
 
 
-def _serve(spec: WorkerSpec, inbox: Any, outbox: Any) -> None:
+def _serve(spec: WorkerSpec, inbox: Any, outbox: Any, progress: Progress) -> None:
     topo, rank, config = spec.topology, spec.rank, spec.config
     if config.device.type == "cuda":
         device = torch.device("cuda", rank)
@@ -105,7 +123,9 @@ def _serve(spec: WorkerSpec, inbox: Any, outbox: Any) -> None:
     stage = PipelineStage(worker, topo, rank)
     outbox.put(Report("allocated", rank))
     while (step := _next(inbox, spec)) is not None:
+        progress.mark(rank, step.step, done=False)
         metrics, out = stage.run(step, received=time.perf_counter())
+        progress.mark(rank, step.step, done=True)
         if topo.tp_rank(rank) == 0:
             outbox.put(Report("step", rank, step.step, (metrics, out)))
 
