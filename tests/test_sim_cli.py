@@ -8,7 +8,9 @@ import pytest
 from sarathi_rt.cli import main
 from sarathi_rt.metrics import load_requests_csv
 
-KEYS = ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "stalls", "tokens_per_s", "sched_delay_p50"]
+KEYS = ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "stalls", "tokens_per_s", "sched_delay_p50",
+        "tbt_p999", "tbt_max", "request_max_tbt", "prefill_wait_share", "goodput", "ttft_target", "tbt_target",
+        "step_error_p50", "step_error_p99", "under_predicted"]
 
 
 def test_bench_simulated_writes_summary_and_plots(tmp_path, capsys) -> None:

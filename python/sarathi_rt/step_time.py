@@ -27,19 +27,31 @@ def features(shape: StepShape) -> list[float]:
 
 
 def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0: drop the most negative column and
-    refit until none is negative (columns are scaled first so the fit is conditioned)."""
+    """argmin |x c - y| subject to c >= 0 (Lawson-Hanson active set; columns are scaled
+    first so that the fit is conditioned)."""
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     xs = x / scale
-    active = list(range(x.shape[1]))
-    coef = np.zeros(x.shape[1])
-    while active:
-        sol = np.linalg.lstsq(xs[:, active], y, rcond=None)[0]
-        if (sol >= 0).all():
-            coef[active] = sol
+    n = x.shape[1]
+    coef = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    tol = 1e-12 * max(1.0, float(np.abs(xs).sum()))
+    for _ in range(3 * n):
+        grad = xs.T @ (y - xs @ coef)
+        if passive.all() or grad[~passive].max() <= tol:
             break
-        del active[int(np.argmin(sol))]
+        passive[np.flatnonzero(~passive)[np.argmax(grad[~passive])]] = True
+        while True:
+            trial = np.zeros(n)
+            trial[passive] = np.linalg.lstsq(xs[:, passive], y, rcond=None)[0]
+            if (trial[passive] > 0).all():
+                coef = trial
+                break
+            # Step from coef toward trial until the first coefficient hits zero; drop it.
+            neg = passive & (trial <= 0)
+            alpha = np.min(coef[neg] / (coef[neg] - trial[neg]))
+            coef = coef + alpha * (trial - coef)
+            passive &= coef > tol
     return coef / scale
 
 
@@ -94,6 +106,7 @@ class OnlineStepTimeModel:
         self._x.append(features(shape))
         self._y.append(seconds)
         self.num_observed += 1
-        self._coef = fit_nonnegative(np.array(self._x), np.array(self._y))
+        if self.num_observed <= 64 or self.num_observed % 8 == 0:  # refits get rarer once it is warm
+            self._coef = fit_nonnegative(np.array(self._x), np.array(self._y))
         if self._errors:
             self._guard = max(0.0, float(np.quantile(np.array(self._errors), self.quantile)))

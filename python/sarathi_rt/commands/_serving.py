@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 from sarathi_rt.metrics import RequestMetrics, StepMetrics
 from sarathi_rt.scheduler import SchedulerConfig, available_policies, get_policy
 from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
+from sarathi_rt.sim.shape_model import ShapeCostModel
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, data_path
 
 DEFAULT_PROFILE = "a100_llama-2-7b_mlp.csv.gz"
@@ -44,7 +45,8 @@ def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
     m = p.add_argument_group("simulator")
     m.add_argument("--simulate", action="store_true", help="use the simulator instead of the engine")
     m.add_argument("--profile", default=None,
-                   help=f"vidur-style mlp.csv for --simulate (default: the bundled {DEFAULT_PROFILE})")
+                   help="for --simulate: a step profile from `sarathi-rt profile` (.json: simulates that engine, "
+                        f"its KV cache and context limit), or a vidur mlp.csv (default: the bundled {DEFAULT_PROFILE})")
     m.add_argument("--hardware", default=None, choices=sorted(HARDWARE),
                    help="GPU of the simulation (default: the one the profile's file name names, else a100)")
     m.add_argument("--num-layers", type=int, default=32, help="layers of the profiled model")
@@ -95,11 +97,18 @@ class SimBackend:
 
     def __post_init__(self) -> None:
         path = self.args.profile or data_path(DEFAULT_PROFILE)
+        self.max_total_tokens: int | None = None
+        self.cost_model: VidurCostModel | ShapeCostModel
+        if path.endswith(".json"):
+            self.cost_model = ShapeCostModel.load(path)
+            engine = self.cost_model.profile.engine
+            self.num_blocks = self.args.num_blocks or engine["num_kv_blocks"]
+            self.max_total_tokens = engine.get("max_total_tokens")
+            return
         self.cost_model = VidurCostModel(path, num_layers=self.args.num_layers, tp=self.args.tp,
                                          hardware=self.args.hardware)
         self.num_blocks = self.args.num_blocks or self.cost_model.kv_cache_blocks(
             self.args.block_size, pipeline_stages=self.args.pipeline_stages)
-        self.max_total_tokens: int | None = None
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
