@@ -169,3 +169,23 @@ def test_online_model_starts_conservative_and_learns() -> None:
         m.observe(BatchPlan(0, [PlanEntry(0, 0, 1, True, True)], num_prefill_tokens=1), float("nan"))
     with pytest.raises(ValueError, match="quantile"):
         OnlineStepTimeModel(quantile=1.0)
+
+
+def test_engine_with_tbt_slo_learns_its_steps() -> None:
+    from sarathi_rt import LLM, SamplingParams
+
+    llm = LLM("tiny", token_budget=128, max_num_seqs=8, num_kv_blocks=64, tbt_slo=10.0)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = llm.generate([[5 + i] * (20 + 7 * i) for i in range(4)], params, use_tqdm=False)
+    assert [len(o.token_ids) for o in outs] == [6] * 4
+    steps = llm.engine.step_metrics
+    assert all(s.predicted_duration is not None for s in steps)
+    assert llm.engine.step_time_model.num_observed == len(steps)
+    # Having seen no step, the model forecasts nothing (inf): the first step gets the
+    # minimum progress of 128 tokens (all four prompts); later ones are forecast.
+    assert steps[0].num_prefill_tokens == 122 and steps[0].predicted_duration == float("inf")
+    assert all(0 < s.predicted_duration < 10.0 for s in steps[1:])
+    with pytest.raises(ValueError, match="tbt_slo"):
+        LLM("tiny", num_kv_blocks=64, tbt_slo=-1.0)
+    with pytest.raises(ValueError, match="not supported by policy 'vllm'"):
+        LLM("tiny", num_kv_blocks=64, policy="vllm", tbt_slo=0.1)
