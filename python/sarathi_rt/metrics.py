@@ -60,6 +60,7 @@ class StepMetrics:
     num_decode_tokens: int
     batch_size: int
     tile_padding: int = 0
+    predicted_duration: float | None = None  # the adaptive budget's step-time model's forecast
 
 
 @dataclass
@@ -245,7 +246,8 @@ def load_steps_csv(path: str | os.PathLike[str]) -> list[StepMetrics]:
     with open(path, newline="") as f:
         return [StepMetrics(float(r["start_time"]), float(r["duration"]), int(r["num_tokens"]),
                             int(r["num_prefill_tokens"]), int(r["num_decode_tokens"]),
-                            int(r["batch_size"]), int(r["tile_padding"])) for r in csv.DictReader(f)]
+                            int(r["batch_size"]), int(r["tile_padding"]), _opt(r.get("predicted_duration") or ""))
+                for r in csv.DictReader(f)]
 
 
 def _cell(value: float | int | None) -> str:

@@ -31,7 +31,11 @@ class EngineConfig:
 
     tensor_parallel_size x pipeline_parallel_size > 1 runs the model in that many worker
     processes (one GPU each on CUDA); worker_timeout (seconds) bounds every wait on them,
-    so a hung worker raises instead of hanging the engine."""
+    so a hung worker raises instead of hanging the engine.
+
+    tbt_slo (seconds) turns on the adaptive token budget (policy sarathi): each step's
+    prefill is sized so that its time, as an online step-time model learned from the
+    engine's own steps predicts it, stays within the SLO; token_budget is then the cap."""
 
     model: str | Path
     device: str | torch.device = "cpu"
@@ -49,6 +53,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     worker_timeout: float = 300.0
+    tbt_slo: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs is None and isinstance(self.token_budget, int):

@@ -10,6 +10,7 @@ from .block_manager import BlockManager
 from .config import SchedulerConfig
 from .plan import BatchPlan, PlanEntry
 from .request import Request, RequestInfo, RequestStatus
+from .step_time import StepTimeModel
 
 RUNNING = RequestStatus.RUNNING
 
@@ -41,9 +42,13 @@ class Scheduler(ABC):
 
     name: ClassVar[str] = ""
     chunked: ClassVar[bool] = True  # False: a prefill always runs whole in one step
+    adaptive: ClassVar[bool] = False  # True: honours config.tbt_slo with a step-time model
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, step_time_model: StepTimeModel | None = None) -> None:
+        if config.tbt_slo is not None and step_time_model is None:
+            raise ValueError("step_time_model is required when tbt_slo is set (the adaptive budget)")
         self.config = config
+        self.step_time_model = step_time_model
         self._blocks = BlockManager(config.num_blocks, config.block_size)
         self._live: dict[Hashable, Request] = {}
         self._done: dict[Hashable, Request] = {}  # kept for request_info until release

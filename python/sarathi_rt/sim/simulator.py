@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 from sarathi_rt.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
 from sarathi_rt.scheduler import BatchPlan, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler.step_time import StepTimeModel
 from sarathi_rt.workloads import RequestSpec
 
 from .cost import CostModel
@@ -52,10 +53,14 @@ class _InFlight:
 
 
 def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig, cost_model: CostModel,
-             *, pipeline_stages: int = 1, progress: Callable[[int], None] | None = None) -> SimResult:
+             *, pipeline_stages: int = 1, progress: Callable[[int], None] | None = None,
+             step_time_model: StepTimeModel | None = None) -> SimResult:
     """Replay `workload` (sorted by arrival) through `scheduler_config.policy` with step
     times from `cost_model`. Deterministic: the same inputs give the same result.
-    `progress(n)` is called with the number of requests each step finished."""
+    `progress(n)` is called with the number of requests each step finished.
+
+    With scheduler_config.tbt_slo the adaptive budget asks `step_time_model` (default:
+    the cost model itself, which knows every step exactly); it observes each step."""
     if not isinstance(pipeline_stages, int) or isinstance(pipeline_stages, bool) or pipeline_stages <= 0:
         raise ValueError(f"pipeline_stages must be a positive int, got {pipeline_stages!r}")
     if any(b.arrival_time < a.arrival_time for a, b in zip(workload, workload[1:])):
@@ -63,7 +68,10 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     ids = [r.request_id for r in workload]
     if len(set(ids)) != len(ids):
         raise ValueError("workload has duplicate request ids")
-    sched = create_scheduler(scheduler_config)
+    if scheduler_config.tbt_slo is not None and step_time_model is None:
+        step_time_model = cost_model  # type: ignore[assignment]
+    sched = create_scheduler(scheduler_config, step_time_model)
+    learner = step_time_model if step_time_model is not cost_model else None
     k = pipeline_stages
     index = {rid: i for i, rid in enumerate(ids)}
     records = [RequestMetrics(r.arrival_time, r.num_prompt_tokens) for r in workload]
@@ -88,6 +96,8 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
                 sched.update(plan)  # nothing runnable until an arrival or a completion
             else:
                 done_at = _issue(plan, now, cost_model, k, free_at, busy, bubbles, index)
+                if learner is not None:
+                    learner.observe(plan, done_at - now)
                 inflight.append(_InFlight(now, done_at, plan))
                 steps.append(StepMetrics(now, done_at - now, plan.num_tokens, plan.num_prefill_tokens,
                                          plan.num_decode_tokens, len(plan.entries), plan.tile_padding))
