@@ -31,13 +31,14 @@ class LLM:
                  max_num_seqs: int = 128, block_size: int = 16, num_kv_blocks: int | None = None,
                  tile_size: int | str | None = None, seed: int = 0, max_model_len: int | None = None,
                  kv_memory_fraction: float | None = None, tensor_parallel_size: int = 1,
-                 pipeline_parallel_size: int = 1) -> None:
+                 pipeline_parallel_size: int = 1, enable_prefix_caching: bool = True) -> None:
         config = EngineConfig(model=model, device=device, dtype=dtype, policy=policy, token_budget=token_budget,
                               chunk_size=chunk_size, max_num_seqs=max_num_seqs, block_size=block_size,
                               num_kv_blocks=num_kv_blocks, tile_size=tile_size, seed=seed,
                               max_model_len=max_model_len, kv_memory_fraction=kv_memory_fraction,
                               tensor_parallel_size=tensor_parallel_size,
-                              pipeline_parallel_size=pipeline_parallel_size)
+                              pipeline_parallel_size=pipeline_parallel_size,
+                              enable_prefix_caching=enable_prefix_caching)
         self.engine = LLMEngine(config)
         self.tokenizer = _load_tokenizer(Path(model))
         self._ids = itertools.count()

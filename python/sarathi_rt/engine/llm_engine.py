@@ -11,7 +11,7 @@ from sarathi_rt.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeli
 from sarathi_rt.models import resolve_config
 from sarathi_rt.profiling import nvtx_range
 from sarathi_rt.sampling import SamplingParams
-from sarathi_rt.scheduler import BatchPlan, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, SchedulerConfig, create_scheduler
 
 from .config import EngineConfig
 from .executor import Executor, InProcessExecutor
@@ -44,6 +44,7 @@ class LLMEngine:
             # A prompt's next chunk waits for its previous one to leave the pipeline, so
             # each micro-batch in flight needs its own partial prompt to keep stages fed.
             max_partial_prefills=config.pipeline_parallel_size,
+            enable_prefix_caching=config.enable_prefix_caching,
             tile_size=resolve_tile_size(config.tile_size, self.model_config, config))
         self.scheduler = create_scheduler(self.scheduler_config)
         self.step_metrics: list[StepMetrics] = []
@@ -69,7 +70,7 @@ class LLMEngine:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         tokens = self._check_prompt(prompt)
         max_new = min(params.max_tokens, self.max_model_len - len(tokens))
-        self.scheduler.add_request(request_id, len(tokens), max_new)
+        self.scheduler.add_request(request_id, len(tokens), max_new, prompt_token_ids=tokens)
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops.update(self.model_config.eos_token_ids)
@@ -152,6 +153,10 @@ class LLMEngine:
         self._in_flight.append((plan, start))
         return True
 
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prompt tokens looked up and served from the prefix cache, and evictions."""
+        return self.scheduler.prefix_cache_stats()
+
     def shutdown(self) -> None:
         """Stop the executor's workers (idempotent); the engine cannot step afterwards."""
         self.executor.shutdown()
@@ -162,6 +167,7 @@ class LLMEngine:
             seq = self._seqs[e.request_id]
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = start
+                seq.metrics.num_cached_tokens = e.start_pos  # what the prefix cache skipped
             chunks.append(SequenceChunk(e.request_id, seq.tokens(e.start_pos, e.num_tokens), e.start_pos,
                                         self.scheduler.block_table(e.request_id),
                                         seq.row_sampling() if e.emits_token else None))

@@ -25,6 +25,9 @@ class SchedulerConfig:
         at this many tokens per step, leaving budget for the prompts behind it.
     watermark: fraction of the cache kept free when admitting new requests, so that
         running decodes rarely need preempting right after an admission.
+    enable_prefix_caching: reuse the KV blocks of prompt prefixes computed before (for
+        requests added with prompt_token_ids). Off here so that a bare config schedules
+        exactly as without a cache; the engine turns it on.
     """
 
     policy: str = "sarathi"
@@ -37,6 +40,7 @@ class SchedulerConfig:
     max_partial_prefills: int = 1
     long_prefill_threshold: int | None = None
     watermark: float = 0.01
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         from .registry import get_policy  # late: the registry imports the policies
@@ -50,6 +54,8 @@ class SchedulerConfig:
         for name in ("tile_size", "long_prefill_threshold"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
         if self.chunk_size > self.token_budget:
