@@ -3,6 +3,7 @@ shares. A policy only decides which requests run how many tokens in one step."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from array import array
 from collections import deque
 from typing import ClassVar, Collection, Hashable, Sequence
 
@@ -159,9 +160,10 @@ class Scheduler(ABC):
         if not self._blocks.caching:
             return []
         try:
-            return block_hashes(prompt_token_ids, self.config.block_size)
+            ids = array("q", prompt_token_ids)
         except (TypeError, OverflowError):
             raise ValueError("prompt_token_ids must hold ints that fit in 64 bits") from None
+        return block_hashes(ids, self.config.block_size)
 
     def abort(self, request_id: Hashable) -> bool:
         """Drop a request in any state; False if it is not live. The blocks of a
