@@ -324,7 +324,9 @@ class Scheduler(ABC):
     def _admit(self, b: StepBuilder, n: int) -> None:
         """Move the head of the queue to running and give it `n` prefill tokens (after
         its cached prefix, which it now shares)."""
-        req = self._waiting_head()  # matched again: nothing may have changed, but be sure
+        # Match again: within a build nothing evicts between sizing and admitting, but a
+        # policy that sized the chunk from self._waiting[0] must not take stale blocks.
+        req = self._waiting_head()
         self._waiting.popleft()
         req.status = RUNNING
         self._running[req.request_id] = req
