@@ -30,6 +30,9 @@ class SchedulerConfig:
         sarathi): prefill gets the most tile-aligned tokens whose step, as the
         scheduler's step-time model predicts it, stays within tbt_slo * (1 - slo_margin),
         never more than token_budget. Needs a step-time model (create_scheduler).
+    enable_prefix_caching: reuse the KV blocks of prompt prefixes computed before (for
+        requests added with prompt_token_ids). Off here so that a bare config schedules
+        exactly as without a cache; the engine turns it on.
     """
 
     policy: str = "sarathi"
@@ -44,6 +47,7 @@ class SchedulerConfig:
     watermark: float = 0.01
     tbt_slo: float | None = None
     slo_margin: float = 0.1
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         from .registry import get_policy  # late: the registry imports the policies
@@ -57,6 +61,8 @@ class SchedulerConfig:
         for name in ("tile_size", "long_prefill_threshold"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
         if self.tbt_slo is not None and not (isinstance(self.tbt_slo, (int, float)) and

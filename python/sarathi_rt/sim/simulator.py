@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from sarathi_rt.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
-from sarathi_rt.scheduler import BatchPlan, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, SchedulerConfig, create_scheduler
 from sarathi_rt.scheduler.step_time import StepTimeModel
 from sarathi_rt.workloads import RequestSpec
 
@@ -27,7 +27,8 @@ class SimResult:
     """Per-request (in workload order) and per-step records of one simulated run.
 
     stage_busy: seconds each pipeline stage computed or sent. bubble_times: per
-    request, seconds its micro-batches waited between stages for a busy stage."""
+    request, seconds its micro-batches waited between stages for a busy stage.
+    prefix_cache: the scheduler's prefix-cache counters at the end of the run."""
 
     policy: str
     pipeline_stages: int
@@ -36,6 +37,7 @@ class SimResult:
     makespan: float
     stage_busy: list[float] = field(default_factory=list)
     bubble_times: list[float] = field(default_factory=list)
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     @property
     def stage_idle(self) -> list[float]:
@@ -86,7 +88,8 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     while True:
         while nxt < len(workload) and workload[nxt].arrival_time <= now:
             r = workload[nxt]
-            sched.add_request(r.request_id, r.num_prompt_tokens, r.num_decode_tokens)
+            sched.add_request(r.request_id, r.num_prompt_tokens, r.num_decode_tokens,
+                              prompt_token_ids=r.prompt_token_ids)
             nxt += 1
         if len(inflight) < k and free_at[0] <= now and sched.has_unfinished():
             plan = sched.schedule()
@@ -119,7 +122,8 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
 
     makespan = max((r.finish_time for r in records if r.finish_time is not None), default=now)
     start = workload[0].arrival_time if workload else 0.0
-    return SimResult(scheduler_config.policy, k, records, steps, makespan - start, busy, bubbles)
+    return SimResult(scheduler_config.policy, k, records, steps, makespan - start, busy, bubbles,
+                     sched.prefix_cache_stats())
 
 
 def _issue(plan: BatchPlan, now: float, cost_model: CostModel, k: int, free_at: list[float],
@@ -152,6 +156,7 @@ def _complete(f: _InFlight, sched, records: list[RequestMetrics], index: dict,
         rec = records[index[e.request_id]]
         if rec.first_scheduled_time is None:
             rec.first_scheduled_time = f.issued_at
+            rec.num_cached_tokens = e.start_pos  # cached tokens cost no compute: not in the plan
         if e.emits_token:
             rec.token_times.append(t)
             if rec.first_token_time is None:

@@ -53,11 +53,11 @@ class SarathiScheduler(Scheduler):
         cfg = self.config
         while b.admission_open and self._waiting and b.budget_left > 0 and \
                 len(self._running) < cfg.max_num_seqs:
-            req = self._waiting[0]
+            req = self._waiting_head()
             n = self._prefill_chunk(b, req, self._cap(req), self._admit_keep_free())
             if n <= 0:
                 return
-            if n < req.prefill_target:
+            if n < req.prefill_left:
                 if num_partial >= cfg.max_partial_prefills:
                     return
                 num_partial += 1
