@@ -52,7 +52,9 @@ Status run_split(const GemmParams& p, cudaStream_t stream) {
   finish_split_k<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
       t.d, static_cast<const T*>(p.bias), static_cast<T*>(p.y), p.m, p.n, p.ldy);
   const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return Status::DeviceError(std::string("gemm split-K launch failed: ") + cudaGetErrorString(err));
+  if (err != cudaSuccess) {
+    return Status::DeviceError(std::string("gemm split-K launch failed: ") + cudaGetErrorString(err));
+  }
   return Status::Ok();
 }
 
