@@ -2,7 +2,8 @@
 
 Environment:
   SARATHI_RT_CUDA        auto (default: build CUDA sources when nvcc is found) | 0 | 1
-  SARATHI_RT_CUDA_ARCHS  semicolon list of SM targets, default "80;90a"
+  SARATHI_RT_CUDA_ARCHS  semicolon list of SM targets, default "80;90a": SASS for each,
+                         plus PTX for the newest (compute_90), see README "Build options"
   SARATHI_RT_CUTLASS_DIR CUTLASS include dir; default: the nvidia-cutlass package's headers
   SARATHI_RT_BUILD_JOBS  parallel compile jobs (default: all cores)
 """

@@ -52,7 +52,7 @@ PagedKVLayout make_layout(const std::array<int64_t, 4>& cache_shape) {
 
 void write_kv(uintptr_t key, uintptr_t value, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping,
               int64_t num_tokens, std::array<int64_t, 2> key_strides, std::array<int64_t, 2> value_strides,
-              std::array<int64_t, 4> cache_shape, int dtype, int device, uintptr_t stream) {
+              std::array<int64_t, 4> cache_shape, int dtype, int device, uintptr_t stream, bool sync_check) {
   WriteKVParams p;
   p.key = ptr<const void>(key);
   p.value = ptr<const void>(value);
@@ -66,6 +66,8 @@ void write_kv(uintptr_t key, uintptr_t value, uintptr_t k_cache, uintptr_t v_cac
   p.value_head_stride = value_strides[1];
   p.layout = make_layout(cache_shape);
   p.dtype = static_cast<DType>(dtype);
+  p.sync_check = sync_check;
+  p.device = device;
   Status st;
   {
     py::gil_scoped_release release;
@@ -330,6 +332,8 @@ py::dict gemm_plan(int64_t m, int64_t n, int64_t k, int dtype, int arch, int num
   d["tiles_m"] = p.tiles_m;
   d["tiles_n"] = p.tiles_n;
   d["ctas"] = p.ctas;
+  d["workspace_bytes"] = p.workspace_bytes;
+  d["registers"] = p.registers;
   d["ctas_per_sm"] = p.ctas_per_sm;
   d["waves"] = p.waves;
   d["tile_efficiency"] = p.tile_efficiency;
@@ -339,22 +343,49 @@ py::dict gemm_plan(int64_t m, int64_t n, int64_t k, int dtype, int arch, int num
   return d;
 }
 
+#if defined(SARATHI_RT_WITH_CUDA)
+std::vector<std::string> split_list(const std::string& all) {
+  std::vector<std::string> items;
+  for (size_t start = 0, end; start <= all.size(); start = end + 1) {
+    end = all.find(',', start);
+    if (end == std::string::npos) end = all.size();
+    if (end > start) items.push_back(all.substr(start, end - start));
+  }
+  return items;
+}
+#endif
+
+py::dict gemm_kernel_occupancy(int config, int dtype, bool split_k, int device) {
+#if defined(SARATHI_RT_WITH_CUDA)
+  GemmKernelOccupancy occ;
+  raise_if_error(gemm_cuda_occupancy(config, static_cast<DType>(dtype), split_k, device, &occ));
+  py::dict d;
+  d["registers"] = occ.registers;
+  d["ctas_per_sm"] = occ.ctas_per_sm;
+  return d;
+#else
+  no_cuda();
+#endif
+}
+
 py::dict build_info() {
   py::dict info;
   info["version"] = SARATHI_RT_VERSION;
 #if defined(SARATHI_RT_WITH_CUDA)
   info["cuda_compiled"] = true;
-  std::vector<std::string> archs;
-  std::string all = SARATHI_RT_CUDA_ARCHS;
-  for (size_t start = 0, end; start <= all.size(); start = end + 1) {
-    end = all.find(',', start);
-    if (end == std::string::npos) end = all.size();
-    if (end > start) archs.push_back(all.substr(start, end - start));
-  }
-  info["cuda_archs"] = archs;
+  info["cuda_archs"] = split_list(SARATHI_RT_CUDA_ARCHS);
+  info["cuda_sass"] = split_list(SARATHI_RT_CUDA_SASS);
+  info["cuda_ptx"] = split_list(SARATHI_RT_CUDA_PTX);
 #else
   info["cuda_compiled"] = false;
   info["cuda_archs"] = std::vector<std::string>{};
+  info["cuda_sass"] = std::vector<std::string>{};
+  info["cuda_ptx"] = std::vector<std::string>{};
+#endif
+#if defined(SARATHI_RT_GEMM_REGISTERS_FROM_BUILD)
+  info["gemm_registers"] = "ptxas";  // the planner's register counts come from this build's kernels
+#else
+  info["gemm_registers"] = "defaults";
 #endif
 #if defined(SARATHI_RT_WITH_OPENMP)
   info["openmp"] = true;
@@ -385,7 +416,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("write_kv", &write_kv, py::arg("key"), py::arg("value"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("slot_mapping"), py::arg("num_tokens"), py::arg("key_strides"), py::arg("value_strides"),
-        py::arg("cache_shape"), py::arg("dtype"), py::arg("device"), py::arg("stream"));
+        py::arg("cache_shape"), py::arg("dtype"), py::arg("device"), py::arg("stream"), py::arg("sync_check") = true);
   m.def("hybrid_attention", &hybrid_attention, py::arg("q"), py::arg("out"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("cu_seqlens_q"), py::arg("seqlens_k"), py::arg("block_tables"),
         py::arg("batch"), py::arg("total_q"), py::arg("num_q_heads"), py::arg("max_blocks_per_seq"),
@@ -425,6 +456,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("k"), py::arg("row_strides"), py::arg("dtype"), py::arg("config"), py::arg("split_k"),
         py::arg("workspace"), py::arg("workspace_bytes"), py::arg("device"), py::arg("stream"));
   m.attr("GEMM_SMALL_M") = kGemmSmallM;
+  m.def("gemm_kernel_occupancy", &gemm_kernel_occupancy, py::arg("config"), py::arg("dtype"), py::arg("split_k"),
+        py::arg("device"), "Registers per thread and CTAs per SM of one GEMM kernel, from the CUDA driver.");
   m.def("gemm_tile_configs", &gemm_tile_configs_list, "The GEMM tile configurations the planner chooses from.");
   m.def("gemm_plan", &gemm_plan, py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("arch"),
         py::arg("num_sms"), py::arg("config") = -1, py::arg("split_k") = 0);

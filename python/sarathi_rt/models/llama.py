@@ -85,7 +85,8 @@ class Attention(nn.Module):
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, self.num_kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
         torch.ops.sarathi_rt.rotary_embedding(ctx.positions, q, k, cos_sin)
-        torch.ops.sarathi_rt.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        # The slots come from the engine's own block tables: no per-layer wait on the GPU.
+        torch.ops.sarathi_rt.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, sync_check=False)
         out = ops.hybrid_attention(q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seqlens_k,
                                    ctx.block_tables, scale=self.scale, plan=ctx.attention_plan)
         return self.o_proj(out.view(tokens, self.q_size))

@@ -24,10 +24,15 @@ def _check_caches(k_cache: object, v_cache: object) -> tuple[torch.Tensor, torch
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, *, sync_check: bool = True) -> None:
     """Scatter key/value [num_tokens, num_kv_heads, head_dim] into the paged caches
     [num_blocks, block_size, num_kv_heads, head_dim] at slot_mapping (int64; slot =
-    block * block_size + offset; a negative slot skips that token)."""
+    block * block_size + offset; a negative slot skips that token).
+
+    A slot past the cache raises ValueError naming slot_mapping and writes nothing there.
+    On CUDA that waits for the kernel; sync_check=False (for callers whose slots come
+    from their own block tables) skips the wait, and a bad slot is then reported by the
+    next write_kv call on that device instead."""
     k, v = _check_caches(k_cache, v_cache)
     check_tensor("key", key, ndim=3, dtypes=_FLOATS, last_dim_contiguous=True)
     check_tensor("value", value, ndim=3, dtypes=_FLOATS, last_dim_contiguous=True)
@@ -41,7 +46,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
         raise ValueError(f"slot_mapping is on {slot_mapping.device} but key is on {key.device}")
     if slot_mapping.shape[0] != key.shape[0]:
         raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries but key has {key.shape[0]} tokens")
-    torch.ops.sarathi_rt.write_kv(key, value, k, v, slot_mapping)
+    torch.ops.sarathi_rt.write_kv(key, value, k, v, slot_mapping, sync_check)
 
 
 def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -128,10 +133,10 @@ def _check_cuda_inputs(q: torch.Tensor, head_dim: int) -> None:
 
 @native_op("write_kv", mutates_args=("k_cache", "v_cache"))
 def _write_kv_op(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+                 slot_mapping: torch.Tensor, sync_check: bool = True) -> None:
     _C.write_kv(key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(),
                 key.shape[0], key.stride()[:2], value.stride()[:2], tuple(k_cache.shape), DTYPE_CODES[key.dtype],
-                device_code(key), stream_of(key))
+                device_code(key), stream_of(key), sync_check)
 
 
 @native_op("hybrid_attention_out", mutates_args=("out",))
