@@ -187,6 +187,20 @@ def test_float64_model_covers_skewed_splits(kernel: str) -> None:
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+# (kernel, lengths, workers): the last piece of the first request's tile starts past its
+# first query's causal limit (1280 keys of 1282 on CUDA; 17408 of 17409 on the CPU).
+FULLY_MASKED = [("cuda", [(4, 1282), (1, 30)], 64), ("cpu", [(2, 17409), (1, 30)], 64)]
+
+
+@pytest.mark.parametrize("kernel, lengths, num_ctas", FULLY_MASKED, ids=[c[0] for c in FULLY_MASKED])
+def test_float64_model_covers_rows_fully_masked_in_a_split_piece(kernel: str, lengths, num_ctas: int) -> None:
+    batch = make_batch(lengths, group=4, head_dim=8, num_kv_heads=2)
+    plan = _plan(batch, num_ctas=num_ctas, kernel=kernel)
+    assert any(it["partial"] >= 0 and it["causal_offset"] + 1 <= it["kv_begin"] for it in _items(plan))
+    got = _run_plan_float64(plan, batch, scale=0.3)
+    torch.testing.assert_close(got, reference.hybrid_attention(*batch.args(), scale=0.3), rtol=1e-12, atol=1e-12)
+
+
 def test_plan_keeps_its_buffers_across_steps() -> None:
     plan = ops.AttentionPlan(max_batch=8, max_tokens=700, num_q_heads=8, num_kv_heads=2, head_dim=64,
                              device="cpu", num_ctas=16)
