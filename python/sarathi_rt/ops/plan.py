@@ -141,11 +141,10 @@ class AttentionPlan:
                                 host["block_tables"].data_ptr(), batch, total_q, self.num_q_heads,
                                 block_tables.shape[1], tuple(k_cache.shape), self.capacity.as_list())
         if self._copied is not None:
-            # Copied, and the copy's end recorded, on the plan's device, whichever is current.
-            stream = torch.cuda.current_stream(self.device)
-            with torch.cuda.stream(stream):
-                self.buffer.copy_(self._host, non_blocking=True)
-            self._copied.record(stream)
+            # The copy runs on the plan's device's current stream (whichever device is
+            # current), so that is where its end is recorded.
+            self.buffer.copy_(self._host, non_blocking=True)
+            self._copied.record(torch.cuda.current_stream(self.device))
         self.batch, self.total_q = batch, total_q
         self.max_blocks_per_seq = block_tables.shape[1]
         self.cache_shape = tuple(k_cache.shape)
