@@ -174,9 +174,9 @@ def test_float64_model_of_the_planned_kernel_matches_the_reference(grid: str, gr
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
 def test_float64_model_covers_skewed_splits(kernel: str) -> None:
-    """The balanced splits of one long context among short ones, a chunk whose rows see
-    none of a late piece's keys, and (CPU) pieces of items that span every KV head."""
-    lengths = [(1, 40), (1, 3000), (1, 75), (3, 2200), (12, 1100), (1, 1)]
+    """The balanced splits of long contexts among short ones, wide tiles split on CUDA, and
+    (CPU) pieces of items that span every KV head."""
+    lengths = [(1, 40), (1, 3000), (1, 75), (2, 2200), (12, 1100), (1, 1)]
     batch = make_batch(lengths, group=4, block_size=17, head_dim=8, num_kv_heads=2)
     plan = _plan(batch, num_ctas=6, kernel=kernel)
     items = _items(plan)
