@@ -107,11 +107,21 @@ HybridAttentionParams attention_params(uintptr_t q, uintptr_t out, uintptr_t k_c
   return p;
 }
 
+// max_items, max_merges, max_partials, num_ctas (workers), kernel (AttentionKernel)
+using CapacityTuple = std::array<int64_t, 5>;
+
+AttentionPlanCapacity make_capacity(const CapacityTuple& c) {
+  if (c[4] != static_cast<int64_t>(AttentionKernel::kCuda) && c[4] != static_cast<int64_t>(AttentionKernel::kCpu)) {
+    throw py::value_error("capacity: unknown attention kernel " + std::to_string(c[4]));
+  }
+  return {c[0], c[1], c[2], c[3], static_cast<AttentionKernel>(c[4])};
+}
+
 void hybrid_attention(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v_cache, uintptr_t cu_seqlens_q,
                       uintptr_t seqlens_k, uintptr_t block_tables, int64_t batch, int64_t total_q,
                       int64_t num_q_heads, int64_t max_blocks_per_seq, std::array<int64_t, 2> q_strides,
                       std::array<int64_t, 2> out_strides, std::array<int64_t, 4> cache_shape, float scale,
-                      int dtype, int device, uintptr_t stream) {
+                      int dtype, int device, uintptr_t stream, uintptr_t plan, CapacityTuple capacity) {
   HybridAttentionParams p = attention_params(q, out, k_cache, v_cache, block_tables, num_q_heads, max_blocks_per_seq,
                                              q_strides, out_strides, cache_shape, scale, dtype);
   p.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
@@ -122,7 +132,8 @@ void hybrid_attention(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v
   Status st;
   {
     py::gil_scoped_release release;
-    st = hybrid_attention_cpu(p);
+    st = plan == 0 ? hybrid_attention_cpu(p) : hybrid_attention_cpu_planned(p, ptr<const int32_t>(plan),
+                                                                               make_capacity(capacity));
   }
   raise_if_error(st);
 }
@@ -210,14 +221,21 @@ void silu_and_mul(uintptr_t x, uintptr_t out, int64_t num_tokens, int64_t interm
   launch(p, device, stream, &silu_and_mul_cpu, SRT_CUDA_LAUNCHER(silu_and_mul_cuda));
 }
 
-using CapacityTuple = std::array<int64_t, 4>;  // max_items, max_merges, max_partials, num_ctas
-
-AttentionPlanCapacity make_capacity(const CapacityTuple& c) { return {c[0], c[1], c[2], c[3]}; }
 
 py::tuple plan_capacity(int64_t max_batch, int64_t max_tokens, int64_t num_q_heads, int64_t num_kv_heads,
-                        int64_t num_ctas) {
-  const AttentionPlanCapacity c = attention_plan_capacity(max_batch, max_tokens, num_q_heads, num_kv_heads, num_ctas);
-  return py::make_tuple(c.max_items, c.max_merges, c.max_partials, c.num_ctas, c.total_words());
+                        int64_t num_ctas, int64_t kernel) {
+  const AttentionKernel k = make_capacity({0, 0, 0, num_ctas, kernel}).kernel;
+  const AttentionPlanCapacity c =
+      attention_plan_capacity(max_batch, max_tokens, num_q_heads, num_kv_heads, attention_target(k, num_ctas));
+  return py::make_tuple(c.max_items, c.max_merges, c.max_partials, c.num_ctas, static_cast<int64_t>(c.kernel),
+                        c.total_words());
+}
+
+py::dict plan_stats(uintptr_t buffer, CapacityTuple capacity) {
+  const AttentionPlanStats s = attention_plan_stats(ptr<const int32_t>(buffer), make_capacity(capacity));
+  return py::dict(py::arg("num_items") = s.num_items, py::arg("num_splits") = s.num_splits,
+                  py::arg("num_partials") = s.num_partials, py::arg("max_load") = s.max_load,
+                  py::arg("total_load") = s.total_load);
 }
 
 void build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k, uintptr_t block_tables,
@@ -421,7 +439,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("v_cache"), py::arg("cu_seqlens_q"), py::arg("seqlens_k"), py::arg("block_tables"),
         py::arg("batch"), py::arg("total_q"), py::arg("num_q_heads"), py::arg("max_blocks_per_seq"),
         py::arg("q_strides"), py::arg("out_strides"), py::arg("cache_shape"), py::arg("scale"), py::arg("dtype"),
-        py::arg("device"), py::arg("stream"));
+        py::arg("device"), py::arg("stream"), py::arg("plan"), py::arg("capacity"),
+        "CPU hybrid attention: runs the plan at `plan` (host buffer, AttentionKernel::kCpu) or, when it is 0, "
+        "plans internally.");
 
   m.def("rms_norm", &rms_norm, py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("out"),
         py::arg("residual_out"), py::arg("num_tokens"), py::arg("hidden"), py::arg("row_strides"), py::arg("eps"),
@@ -434,8 +454,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("x_stride"), py::arg("out_stride"), py::arg("dtype"), py::arg("device"), py::arg("stream"));
 
   m.def("attention_plan_capacity", &plan_capacity, py::arg("max_batch"), py::arg("max_tokens"),
-        py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("num_ctas"),
-        "(max_items, max_merges, max_partials, num_ctas, total_words) of a hybrid-attention plan.");
+        py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("num_ctas"), py::arg("kernel"),
+        "(max_items, max_merges, max_partials, num_ctas, kernel, total_words) of a hybrid-attention plan.");
+  m.def("attention_plan_stats", &plan_stats, py::arg("buffer"), py::arg("capacity"),
+        "Per-worker loads of a built plan under the planner's cost model.");
+  m.def("cpu_attention_workers", &cpu_attention_workers, "Default worker bins of a CPU attention plan.");
   m.def("build_attention_plan", &build_plan, py::arg("buffer"), py::arg("cu_seqlens_q"),
         py::arg("seqlens_k"), py::arg("block_tables"), py::arg("batch"), py::arg("total_q"), py::arg("num_q_heads"),
         py::arg("max_blocks_per_seq"), py::arg("cache_shape"), py::arg("capacity"));
@@ -450,7 +473,11 @@ PYBIND11_MODULE(_C, m) {
       py::arg("item_words") = static_cast<int>(sizeof(AttentionWorkItem) / 4),
       py::arg("merge_words") = static_cast<int>(sizeof(AttentionMergeItem) / 4),
       py::arg("narrow_rows") = kNarrowTileRows, py::arg("wide_rows") = kWideTileRows,
-      py::arg("keys_per_chunk") = kKeysPerChunk, py::arg("min_split_chunks") = kMinSplitChunks);
+      py::arg("keys_per_chunk") = kKeysPerChunk, py::arg("min_split_chunks") = kMinSplitChunks,
+      py::arg("cpu_direct_rows") = kCpuDirectRows, py::arg("cpu_min_split_chunks") = kCpuMinSplitChunks,
+      py::arg("max_pieces_per_worker") = kMaxPiecesPerWorker,
+      py::arg("kernel_cuda") = static_cast<int>(AttentionKernel::kCuda),
+      py::arg("kernel_cpu") = static_cast<int>(AttentionKernel::kCpu));
 
   m.def("gemm", &gemm, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("y"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("row_strides"), py::arg("dtype"), py::arg("config"), py::arg("split_k"),
