@@ -9,11 +9,14 @@ import csv
 import functools
 import gzip
 import io
+import math
 import os
 from dataclasses import dataclass
 from importlib import resources
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 BUILTIN_TRACES = {
     "sharegpt": "sharegpt_8k_filtered_stats_llama2_tokenizer.csv.gz",
@@ -63,6 +66,8 @@ def load_trace(name_or_path: str) -> Trace:
 
 @functools.lru_cache(maxsize=8)
 def _read_trace(path: str, name: str) -> Trace:
+    import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
+
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as raw:
         rows = list(csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline="")))
@@ -118,7 +123,7 @@ class WorkloadConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not (isinstance(self.qps, (int, float)) and self.qps > 0 and np.isfinite(self.qps)):
+        if not (isinstance(self.qps, (int, float)) and self.qps > 0 and math.isfinite(self.qps)):
             raise ValueError(f"qps must be a positive finite number, got {self.qps!r}")
         if self.arrival not in ARRIVALS:
             raise ValueError(f"arrival must be one of {ARRIVALS}, got {self.arrival!r}")
@@ -140,6 +145,8 @@ class WorkloadConfig:
 
 def make_workload(config: WorkloadConfig) -> list[RequestSpec]:
     """Requests with ids 0..n-1 in arrival order; the same config gives the same list."""
+    import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
+
     rng = np.random.default_rng(config.seed)
     prompt, decode, trace_times = _lengths(config, rng)
     n = config.num_requests
@@ -159,6 +166,8 @@ def make_workload(config: WorkloadConfig) -> list[RequestSpec]:
 
 def _lengths(config: WorkloadConfig, rng: np.random.Generator
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
+
     n = config.num_requests
     if config.lengths == "fixed":
         return np.full(n, config.prompt_len), np.full(n, config.decode_len), None
@@ -189,6 +198,8 @@ def _lengths(config: WorkloadConfig, rng: np.random.Generator
 
 
 def _rescale(times: np.ndarray, qps: float) -> np.ndarray:
+    import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
+
     span = times[-1] - times[0]
     if len(times) < 2 or span <= 0:
         return np.arange(len(times)) / qps
