@@ -51,9 +51,11 @@ def build_tools(pybind11_dir: str, cutlass_dir: str) -> dict[str, str]:
 
 
 def in_temporary_env(tools: dict[str, str]) -> bool:
-    """True under pip's build isolation: its tools live in a temp dir deleted after the build."""
-    tmp = Path(tempfile.gettempdir()).resolve()
-    return any(p and Path(p).resolve().is_relative_to(tmp) for p in tools.values())
+    """True under pip's build isolation: some tool lives in a temp dir outside the running
+    environment (pip deletes it after the build). A venv that itself sits in /tmp is not."""
+    tmp, env = Path(tempfile.gettempdir()).resolve(), Path(sys.prefix).resolve()
+    return any(p and Path(p).resolve().is_relative_to(tmp) and not Path(p).resolve().is_relative_to(env)
+               for p in tools.values())
 
 
 def reusable_tree(build_dir: Path, tools: dict[str, str]) -> Path:
