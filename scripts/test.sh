@@ -26,4 +26,5 @@ print(json.dumps(info))
 if shutil.which("nvcc") and os.environ.get("SARATHI_RT_CUDA", "auto") != "0" and not info["cuda_compiled"]:
     raise SystemExit("nvcc is on PATH but the core was built without CUDA")
 PY
-python3 -m pytest -q -p no:cacheprovider tests "$@"
+# Without arguments pytest runs the testpaths of pyproject.toml (tests/).
+python3 -m pytest -q -p no:cacheprovider "$@"

@@ -61,6 +61,7 @@ def _gone(pids: list[int]) -> bool:
     return not multiprocessing.active_children()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)])
 def test_parallel_greedy_matches_one_process(checkpoint, prompts, reference, tp: int, pp: int) -> None:
     with LLM(checkpoint, tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE) as llm:
@@ -99,6 +100,7 @@ def test_parallel_greedy_matches_one_process(checkpoint, prompts, reference, tp:
     assert _gone(pids)
 
 
+@pytest.mark.slow
 def test_killed_worker_fails_fast_and_cleans_up(checkpoint, prompts) -> None:
     llm = LLM(checkpoint, tensor_parallel_size=2, **ENGINE)
     pids = llm.engine.executor.pids
@@ -117,6 +119,7 @@ def test_killed_worker_fails_fast_and_cleans_up(checkpoint, prompts) -> None:
     llm.shutdown()  # idempotent after a failure
 
 
+@pytest.mark.slow
 def test_hung_worker_times_out(checkpoint, prompts) -> None:
     engine = LLMEngine(EngineConfig(checkpoint, pipeline_parallel_size=2, worker_timeout=3, **ENGINE))
     pids = engine.executor.pids

@@ -56,6 +56,7 @@ def test_profile_step_time_on_the_engine(engine) -> None:
         profile_step_time(engine, [32], num_decodes=8, context_len=400)
 
 
+@pytest.mark.slow
 def test_bench_on_the_engine(tmp_path) -> None:
     out = tmp_path / "b"
     assert main(["bench", "--model", "tiny", "--num-requests", "6", "--qps", "20", "--length-scale", "0.01",
@@ -66,6 +67,7 @@ def test_bench_on_the_engine(tmp_path) -> None:
     assert all(v["tokens_per_s"] > 0 for v in summary.values())
 
 
+@pytest.mark.slow
 def test_capacity_on_the_engine_with_slo_budget(tmp_path) -> None:
     out = tmp_path / "c"
     assert main(["capacity", "--model", "tiny", "--num-requests", "4", "--max-probes", "2", "--tbt-slo", "5",

@@ -66,6 +66,7 @@ def test_presets() -> None:
         assert torch.equal(pa, pb) and (name.endswith("norm.weight") or not torch.equal(pa, pc)), name
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_loads_like_a_single_file(hf: HFModel, tmp_path) -> None:
     sharded = tmp_path / "sharded"
     hf.model.save_pretrained(sharded, max_shard_size="40KB")

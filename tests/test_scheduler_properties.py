@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from sarathi_rt.scheduler import (RequestStatus, SchedulerConfig, available_policies,
                                   create_scheduler)
 
+pytestmark = pytest.mark.slow  # long: runs in the full suite (scripts/test.sh), not the quick lane
+
 HYBRID = {"sarathi", "orca", "decode_maximal"}  # every idle decode runs every step
 
 request_st = st.tuples(

@@ -11,6 +11,7 @@ from sarathi_rt.metrics import load_requests_csv
 KEYS = ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "stalls", "tokens_per_s", "sched_delay_p50"]
 
 
+@pytest.mark.slow
 def test_bench_simulated_writes_summary_and_plots(tmp_path, capsys) -> None:
     out = tmp_path / "b"
     assert main(["bench", "--simulate", "--num-requests", "30", "--length-scale", "0.25", "--qps", "2",
