@@ -181,6 +181,7 @@ def test_max_model_len_bounds_prompt_and_generation() -> None:
         LLM("tiny", num_kv_blocks=16, max_model_len=5000)
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_batch_and_preemption_invariant() -> None:
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=2024, max_tokens=12)
     target = list(range(50, 75))

@@ -105,8 +105,9 @@ def test_gemm_plan_bad_inputs_name_the_argument() -> None:
         ops.gemm_plan(8, 8, 2.5, torch.float16)
     with pytest.raises(TypeError, match="dtype"):
         ops.gemm_plan(8, 8, 8, torch.int32)
-    with pytest.raises(TypeError, match="dtype must be one of float32, float16, bfloat16"):
-        ops.gemm_plan(8, 8, 8, "bf16")
+    with pytest.raises(ValueError, match="dtype must be float32, float16 or bfloat16"):
+        ops.gemm_plan(8, 8, 8, "int4")
+    assert ops.gemm_plan(8, 8, 8, "bf16") == ops.gemm_plan(8, 8, 8, torch.bfloat16)
     with pytest.raises(ValueError, match="device"):
         ops.gemm_plan(8, 8, 8, torch.float16, "tpu")
     with pytest.raises(ValueError, match="num_sms"):

@@ -30,6 +30,7 @@ def _step_inputs():
             batch.block_tables, torch.rand(batch.q.shape[1] * 16, generator=g))
 
 
+@pytest.mark.slow
 def test_compiled_step_equals_eager() -> None:
     eager_in, compiled_in = _step_inputs(), _step_inputs()
     expected = _step(*eager_in)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from sarathi_rt import _C
+from sarathi_rt.dtypes import parse_dtype
 from sarathi_rt.ops._checks import DTYPE_CODES
 
 # With no GPU to ask (device="cpu"), plans are made for the paper's device, an A100.
@@ -74,14 +75,6 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-def _dtype(dtype: torch.dtype | str) -> torch.dtype:
-    by_name = {str(d).removeprefix("torch."): d for d in DTYPE_CODES}
-    resolved = by_name.get(dtype) if isinstance(dtype, str) else dtype
-    if not isinstance(resolved, torch.dtype) or resolved not in DTYPE_CODES:
-        raise TypeError(f"dtype must be one of {', '.join(by_name)} (a torch.dtype or its name), got {dtype!r}")
-    return resolved
-
-
 def _target(device: str | torch.device, arch: int | None, num_sms: int | None) -> tuple[int, int]:
     try:
         dev = torch.device(device)
@@ -114,7 +107,7 @@ def gemm_plan(M: int, N: int, K: int, dtype: torch.dtype | str, device: str | to
     `split_k` (1..8 K slices) force a choice, e.g. for sweeps."""
     for name, value in (("M", M), ("N", N), ("K", K)):
         _positive_int(name, value)
-    dtype = _dtype(dtype)
+    dtype = parse_dtype(dtype, allowed=tuple(DTYPE_CODES))
     arch, num_sms = _target(device, arch, num_sms)
     config_id = -1
     if config is not None:

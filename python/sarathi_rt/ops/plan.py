@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from sarathi_rt import _C
+from sarathi_rt.dtypes import DTypeLike, parse_dtype
 from sarathi_rt.ops._checks import DTYPE_CODES, check_tensor
 
 LAYOUT: dict[str, int] = dict(_C.ATTENTION_PLAN_LAYOUT)
@@ -60,7 +61,7 @@ class AttentionPlan:
     dynamically; the workers size the splits)."""
 
     def __init__(self, *, max_batch: int, max_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                 device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str = "cuda", dtype: DTypeLike = torch.bfloat16,
                  num_ctas: int | None = None, kernel: str | None = None) -> None:
         self.max_batch = _positive("max_batch", max_batch)
         self.max_tokens = _positive("max_tokens", max_tokens)
@@ -69,8 +70,7 @@ class AttentionPlan:
         self.head_dim = _positive("head_dim", head_dim)
         if num_q_heads % num_kv_heads != 0:
             raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-        if dtype not in DTYPE_CODES:
-            raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+        dtype = parse_dtype(dtype)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
