@@ -13,9 +13,9 @@ from tqdm.auto import tqdm
 
 from sarathi_rt.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
 from sarathi_rt.sampling import SamplingParams
+from sarathi_rt.tokenizer import Tokenizer
 
 Prompt = Union[str, Sequence[int]]
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
 class LLM:
@@ -164,9 +164,10 @@ class LLM:
         return self._async
 
 
-def _load_tokenizer(path: Path) -> Any:
-    if not path.is_dir() or not any((path / f).is_file() for f in _TOKENIZER_FILES):
-        return None
-    from transformers import AutoTokenizer  # optional: only for models that ship a tokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
+def _load_tokenizer(path: Path) -> Tokenizer | None:
+    """The GGUF file's tokenizer, or the directory's tokenizer.json; None for presets."""
+    if path.is_file():
+        return Tokenizer.from_gguf(path)
+    if (path / "tokenizer.json").is_file():
+        return Tokenizer.from_dir(path)
+    return None
