@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
 
@@ -16,6 +16,7 @@ from sarathi_rt.sampling import SamplingParams
 from sarathi_rt.tokenizer import Tokenizer
 
 Prompt = Union[str, Sequence[int]]
+Conversation = Sequence[Mapping[str, Any]]
 
 
 class LLM:
@@ -24,22 +25,27 @@ class LLM:
     ("tiny", "cpu-small", "llama3-8b") with seeded random weights. The other arguments
     are EngineConfig's; tensor_parallel_size x pipeline_parallel_size > 1 runs the model
     in that many worker processes. Use it as a context manager, or call shutdown(), to
-    stop them."""
+    stop them. `tokenizer` (a Tokenizer, a GGUF file or a directory with tokenizer.json)
+    overrides the model's own; with one, prompts can be text and outputs carry text."""
 
     def __init__(self, model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                  policy: str = "sarathi", token_budget: int = 512, chunk_size: int | None = None,
                  max_num_seqs: int = 128, block_size: int = 16, num_kv_blocks: int | None = None,
                  tile_size: int | str | None = None, seed: int = 0, max_model_len: int | None = None,
                  kv_memory_fraction: float | None = None, tensor_parallel_size: int = 1,
-                 pipeline_parallel_size: int = 1) -> None:
+                 pipeline_parallel_size: int = 1, tokenizer: str | Path | Tokenizer | None = None) -> None:
         config = EngineConfig(model=model, device=device, dtype=dtype, policy=policy, token_budget=token_budget,
                               chunk_size=chunk_size, max_num_seqs=max_num_seqs, block_size=block_size,
                               num_kv_blocks=num_kv_blocks, tile_size=tile_size, seed=seed,
                               max_model_len=max_model_len, kv_memory_fraction=kv_memory_fraction,
                               tensor_parallel_size=tensor_parallel_size,
                               pipeline_parallel_size=pipeline_parallel_size)
-        self.engine = LLMEngine(config)
-        self.tokenizer = _load_tokenizer(Path(model))
+        self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else \
+            _load_tokenizer(Path(model if tokenizer is None else tokenizer))
+        if tokenizer is not None and self.tokenizer is None:
+            raise ValueError(f"tokenizer {str(tokenizer)!r} is neither a GGUF file nor a directory with "
+                             "tokenizer.json")
+        self.engine = LLMEngine(config, tokenizer=self.tokenizer)
         self._ids = itertools.count()
         self._async: AsyncLLMEngine | None = None
         self._async_loop: asyncio.AbstractEventLoop | None = None
@@ -91,10 +97,21 @@ class LLM:
             ids.append(request_id)
         return ids
 
-    def _finish(self, out: RequestOutput) -> RequestOutput:
-        if out.finished and self.tokenizer is not None:
-            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        return out
+    def _chat_prompts(self, conversations: Conversation | Sequence[Conversation]) -> list[list[int]]:
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer with a chat template; this model has none")
+        if isinstance(conversations, Sequence) and conversations and isinstance(conversations[0], Mapping):
+            conversations = [conversations]  # type: ignore[list-item]  (one conversation)
+        if isinstance(conversations, (str, bytes)) or not isinstance(conversations, Sequence) or not conversations:
+            raise ValueError("conversations must be a conversation ([{'role': ..., 'content': ...}, ...]) "
+                             "or a non-empty list of them")
+        prompts = []
+        for i, conv in enumerate(conversations):
+            try:
+                prompts.append(self.tokenizer.apply_chat_template(conv, add_generation_prompt=True))
+            except ValueError as exc:
+                raise ValueError(f"conversations[{i}]: {exc}") from exc
+        return prompts  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ running
     def generate(self, prompts: Prompt | Sequence[Prompt],
@@ -108,17 +125,24 @@ class LLM:
         with tqdm(total=len(ids), desc="generate", unit="req", disable=None if use_tqdm else True) as bar:
             for out in self._drive(set(ids)):
                 if out.finished:
-                    results[order[out.request_id]] = self._finish(out)
+                    results[order[out.request_id]] = out
                     bar.update(1)
         return results  # type: ignore[return-value]
+
+    def chat(self, conversations: Conversation | Sequence[Conversation],
+             params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """`generate` for conversations ([{"role": "user", "content": ...}, ...], or a
+        list of them): each is rendered with the model's chat template, ending with the
+        assistant's turn to speak."""
+        return self.generate(self._chat_prompts(conversations), params, use_tqdm)
 
     def stream(self, prompts: Prompt | Sequence[Prompt],
                params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[RequestOutput]:
         """Yield each step's output for each of these prompts (new_token_ids holds the
-        step's token); a request's last output has finished=True. Closing the iterator
-        early aborts what is still running."""
-        ids = set(self._add_all(prompts, params))
-        yield from (self._finish(out) for out in self._drive(ids))
+        step's token, new_text its text); a request's last output has finished=True.
+        Closing the iterator early aborts what is still running."""
+        yield from self._drive(set(self._add_all(prompts, params)))
 
     def _drive(self, ids: set[str]) -> Iterator[RequestOutput]:
         live = set(ids)
@@ -152,7 +176,7 @@ class LLM:
                     raise out
                 if out.finished:
                     live.discard(out.request_id)
-                yield self._finish(out)
+                yield out
         finally:
             for request_id in live:
                 await aengine.abort(request_id)

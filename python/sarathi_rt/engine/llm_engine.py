@@ -14,6 +14,7 @@ from sarathi_rt.sampling import SamplingParams
 from sarathi_rt.scheduler import BatchPlan, SchedulerConfig, create_scheduler
 
 from .config import EngineConfig
+from .detokenizer import Detokenizer, TextDecoder
 from .executor import Executor, InProcessExecutor
 from .outputs import RequestOutput
 from .sequence import Sequence
@@ -30,10 +31,15 @@ class LLMEngine:
 
     With pipeline parallelism the engine keeps as many plans (micro-batches) in flight
     as the executor has stages, a request in at most one of them; each step() then
-    completes the oldest. `stage_metrics` gets each stage's busy/idle time per step."""
+    completes the oldest. `stage_metrics` gets each stage's busy/idle time per step.
 
-    def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
+    With a `tokenizer` each output carries its text, decoded incrementally, and requests
+    can stop at strings (SamplingParams.stop)."""
+
+    def __init__(self, config: EngineConfig, executor: Executor | None = None,
+                 tokenizer: TextDecoder | None = None) -> None:
         self.config = config
+        self.tokenizer = tokenizer
         self.model_config, _ = resolve_config(config.model)
         self.max_model_len = config.model_len(self.model_config)
         self.executor = executor if executor is not None else _default_executor(config)
@@ -67,6 +73,8 @@ class LLMEngine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("params.stop (stop strings) needs a tokenizer; this engine has none")
         tokens = self._check_prompt(prompt)
         max_new = min(params.max_tokens, self.max_model_len - len(tokens))
         self.scheduler.add_request(request_id, len(tokens), max_new)
@@ -77,8 +85,10 @@ class LLMEngine:
         now = time.perf_counter()
         metrics = RequestMetrics(arrival_time=now if arrival_time is None else float(arrival_time),
                                  num_prompt_tokens=len(tokens))
+        detokenizer = None if self.tokenizer is None else \
+            Detokenizer(self.tokenizer, tokens, params.skip_special_tokens, params.stop)
         self._seqs[request_id] = Sequence(request_id, tokens, params, seed, max_new, frozenset(stops), metrics,
-                                          logprobs=[] if params.logprobs else None)
+                                          logprobs=[] if params.logprobs else None, detokenizer=detokenizer)
 
     def _check_prompt(self, prompt: object) -> list[int]:
         if hasattr(prompt, "tolist"):  # a tensor or an array of ids
