@@ -197,3 +197,22 @@ def test_models_health_and_metrics(served) -> None:
     assert m['sarathi_rt_time_to_first_token_seconds_bucket{le="+Inf"}'] == m["sarathi_rt_time_to_first_token_seconds_count"] > 0
     assert m["sarathi_rt_time_between_tokens_seconds_count"] > 0
     assert m["sarathi_rt_kv_blocks_total"] == 256 and m["sarathi_rt_requests_waiting"] == 0
+
+
+def test_bench_replays_a_workload_against_the_endpoint(served, tmp_path, capsys) -> None:
+    from sarathi_rt.cli import main
+    from sarathi_rt.metrics import load_requests_csv
+    from sarathi_rt.workloads import WorkloadConfig, make_workload
+
+    server, base, _ = served
+    flags = ["--num-requests", "4", "--qps", "20", "--length-scale", "0.02", "--seed", "3"]
+    assert main(["bench", "--endpoint", base, "--vocab-size", "512", "--out", str(tmp_path)] + flags) == 0
+    table = capsys.readouterr().out
+    assert f"tiny at {base}" in table and "endpoint" in table
+    workload = make_workload(WorkloadConfig(num_requests=4, qps=20, lengths="sharegpt", length_scale=0.02,
+                                            max_total_tokens=1024, seed=3))
+    measured = load_requests_csv(tmp_path / "endpoint_requests.csv")
+    assert [r.num_generated_tokens for r in measured] == [w.num_decode_tokens for w in workload]
+    assert [r.num_prompt_tokens for r in measured] == [w.num_prompt_tokens for w in workload]
+    assert all(r.ttft > 0 and r.finish_time >= r.token_times[-1] for r in measured)
+    assert _wait_idle(base)["sarathi_rt_kv_blocks_in_use"] == 0

@@ -121,15 +121,17 @@ class EngineBackend:
         torch.set_num_threads(self.args.threads)
         self.max_total_tokens = resolve_config(self.args.model)[0].max_position_embeddings
         self.num_blocks = self.args.num_blocks
+        self.llm = None  # the LLM of the latest run
 
     def engine(self, policy: str, workload: Sequence[RequestSpec]):  # -> LLMEngine
         from sarathi_rt import LLM
 
         cfg = scheduler_config(self.args, policy, workload, 1)
-        return LLM(model=self.args.model, device=self.args.device, dtype=self.args.dtype, policy=policy,
-                   token_budget=cfg.token_budget, chunk_size=cfg.chunk_size, max_num_seqs=cfg.max_num_seqs,
-                   block_size=self.args.block_size, num_kv_blocks=self.num_blocks,
-                   tile_size=self.args.tile_size, seed=self.args.seed).engine
+        self.llm = LLM(model=self.args.model, device=self.args.device, dtype=self.args.dtype, policy=policy,
+                       token_budget=cfg.token_budget, chunk_size=cfg.chunk_size, max_num_seqs=cfg.max_num_seqs,
+                       block_size=self.args.block_size, num_kv_blocks=self.num_blocks,
+                       tile_size=self.args.tile_size, seed=self.args.seed)
+        return self.llm.engine
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
@@ -140,7 +142,34 @@ class EngineBackend:
         return replay(engine, workload, seed=self.args.seed, progress=progress)
 
 
-def make_backend(args: argparse.Namespace) -> SimBackend | EngineBackend:
+@dataclass
+class EndpointBackend:
+    """Sends the workload to an OpenAI-compatible server (`--endpoint`), whatever it runs;
+    the scheduling flags are the server's business."""
+
+    args: argparse.Namespace
+
+    def __post_init__(self) -> None:
+        from sarathi_rt.http_replay import server_model
+
+        if self.args.simulate:
+            raise ValueError("--endpoint and --simulate exclude each other")
+        self.endpoint = self.args.endpoint.rstrip("/")
+        info = server_model(self.endpoint)
+        self.model = str(info["id"])
+        self.max_total_tokens: int | None = info.get("max_model_len")
+
+    def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
+            ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
+        from sarathi_rt.http_replay import replay_endpoint
+
+        return replay_endpoint(self.endpoint, self.model, workload, vocab_size=self.args.vocab_size,
+                               seed=self.args.seed, progress=progress), []
+
+
+def make_backend(args: argparse.Namespace) -> SimBackend | EngineBackend | EndpointBackend:
+    if getattr(args, "endpoint", None):
+        return EndpointBackend(args)
     return SimBackend(args) if args.simulate else EngineBackend(args)
 
 

@@ -3,7 +3,8 @@ compare latency: TTFT, TBT, generation stalls, throughput, scheduling delay.
 
 By default it runs the real engine on the CPU (the cpu-small preset, ShareGPT lengths
 scaled to 1/8); `--simulate` replays the workload through the simulator with an A100
-cost model instead."""
+cost model instead, and `--endpoint URL` sends it to an OpenAI-compatible server (this
+one's `sarathi-rt serve`, or any other) and measures what its clients see."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ from sarathi_rt.metrics import MetricsSummary, save_requests_csv, save_steps_csv
 from sarathi_rt.plots import plot_tbt_cdf, plot_tokens_per_step
 from sarathi_rt.workloads import make_workload
 
-from ._serving import add_common_args, fill_defaults, make_backend, parse_policies, workload_config
+from ._serving import EngineBackend, add_common_args, fill_defaults, make_backend, parse_policies, workload_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,19 +27,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, policies="sarathi,vllm,orca")
     p.add_argument("--qps", type=float, default=None, help="request rate (default: 0.75 on the engine, 1.5 simulated)")
+    p.add_argument("--endpoint", default=None, metavar="URL",
+                   help="replay against this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1)")
+    p.add_argument("--vocab-size", type=int, default=32000,
+                   help="--endpoint: prompt token ids are drawn below this (default 32000)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     fill_defaults(args, qps=(0.75, 1.5), num_requests=(12, 1000), length_scale=(1 / 8, 1.0),
                   token_budget=(32, 512), max_num_seqs=(32, 128))
-    policies = parse_policies(args.policy)
+    policies = ["endpoint"] if args.endpoint else parse_policies(args.policy)
     backend = make_backend(args)
     workload = make_workload(workload_config(args, args.qps, backend.max_total_tokens))
     os.makedirs(args.out, exist_ok=True)
     mode = "simulator" if args.simulate else f"{args.model} on {args.device}"
+    mode = f"{backend.model} at {args.endpoint}" if args.endpoint else \
+        f"{mode}; chunked policies: token budget {args.token_budget}"
     print(f"sarathi-rt bench: {len(workload)} requests of {args.trace} (length x{args.length_scale:.4g}) at "
-          f"{args.qps:g} QPS, {mode}; chunked policies: token budget {args.token_budget}")
+          f"{args.qps:g} QPS, {mode}")
     summaries: dict[str, MetricsSummary] = {}
     tbts, steps_by_policy = {}, {}
     for policy in policies:
@@ -50,18 +57,41 @@ def run(args: argparse.Namespace) -> int:
         steps_by_policy[policy] = steps
         save_requests_csv(os.path.join(args.out, f"{policy}_requests.csv"), requests)
         save_steps_csv(os.path.join(args.out, f"{policy}_steps.csv"), steps)
-        print(f"  {policy}: {len(steps)} steps in {time.perf_counter() - start:.1f} s")
+        done = f"{len(steps)} steps" if steps else f"{len(requests)} requests"
+        print(f"  {policy}: {done} in {time.perf_counter() - start:.1f} s")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({p: s.bench_dict() for p, s in summaries.items()}, f, indent=2)
     plot_tbt_cdf(tbts, os.path.join(args.out, "tbt_cdf.png"))
-    plot_tokens_per_step(steps_by_policy, os.path.join(args.out, "tokens_per_step.png"))
+    if any(steps_by_policy.values()):
+        plot_tokens_per_step(steps_by_policy, os.path.join(args.out, "tokens_per_step.png"))
     print(format_table(summaries))
     if "sarathi" in summaries and "vllm" in summaries:
         s, v = summaries["sarathi"], summaries["vllm"]
         ratio = s.tbt.p99 / v.tbt.p99 if v.tbt.p99 > 0 else math.nan
         print(f"sarathi P99 TBT / vllm P99 TBT = {ratio:.3f}; stalls {s.stalls} vs {v.stalls}")
     print(f"wrote {args.out}/summary.json, tbt_cdf.png, tokens_per_step.png and per-policy CSVs")
+    if isinstance(backend, EngineBackend):
+        show_answers(backend)
     return 0
+
+
+SAMPLE_CHATS = ["What is the capital of France?", "Name three colours of the rainbow.",
+                "Write one sentence about the sea."]
+
+
+def show_answers(backend: EngineBackend) -> None:
+    """A few greedy answers from the last engine: the text a real model makes (random
+    weights and models without a chat template have none to show)."""
+    llm = backend.llm
+    if llm is None or llm.tokenizer is None or llm.tokenizer.chat_template is None:
+        return
+    from sarathi_rt.sampling import SamplingParams
+
+    outs = llm.chat([[{"role": "user", "content": q}] for q in SAMPLE_CHATS],
+                    SamplingParams(max_tokens=48, temperature=0.0), use_tqdm=False)
+    print(f"{backend.args.model} answers (greedy):")
+    for question, out in zip(SAMPLE_CHATS, outs):
+        print(f"  > {question}\n    {' '.join(out.text.split())}")
 
 
 def format_table(summaries: dict[str, MetricsSummary]) -> str:
