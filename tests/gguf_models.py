@@ -103,7 +103,7 @@ _NAMES = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "o
 _LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                "mlp.down_proj": "ffn_down"}
+                "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm"}
 
 
 def gguf_name(hf_name: str) -> str:
@@ -115,9 +115,10 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_model_gguf(path: Path, config: Any, state: dict[str, np.ndarray], qtype: Q,
-                     tokenizer: bool = True) -> dict[str, np.ndarray]:
+                     types: dict[str, Q] | None = None) -> dict[str, np.ndarray]:
     """Write a transformers Llama `config` + float32 `state` as llama.cpp would, 2-D
-    weights in `qtype` (norms stay F32); returns the HF-layout weights the file really
+    weights in `qtype` (norms stay F32; `types` overrides by HF name, and a type numpy
+    cannot quantize gets zero bytes); returns the HF-layout weights the file really
     holds (what dequantizing it gives) for building the same model in transformers."""
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(config.max_position_embeddings)
@@ -131,16 +132,22 @@ def write_model_gguf(path: Path, config: Any, state: dict[str, np.ndarray], qtyp
                          and config.rope_parameters else config.rope_theta)
     w.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
     w.add_vocab_size(config.vocab_size)
-    if tokenizer:
-        add_tokenizer(w)
+    add_tokenizer(w)
     stored: dict[str, np.ndarray] = {}
     for name, value in state.items():
         value = np.ascontiguousarray(value, dtype=np.float32)
         heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
         head = next((h for key, h in heads.items() if f".{key}." in name), None)
         data = permute_rows(value, head) if head else value
-        kind = qtype if value.ndim == 2 else Q.F32
-        raw = data if kind == Q.F32 else data.astype(np.float16) if kind == Q.F16 else gguf.quants.quantize(data, kind)
+        kind = (types or {}).get(name, qtype if value.ndim == 2 else Q.F32)
+        if kind in (Q.F32, Q.F16):
+            raw = data.astype(np.float16) if kind == Q.F16 else data
+        elif kind in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
+            raw = gguf.quants.quantize(data, kind)
+        else:
+            w.add_tensor(gguf_name(name), np.zeros(gguf.quant_shape_to_byte_shape(data.shape, kind), np.uint8),
+                         raw_dtype=kind)
+            continue
         w.add_tensor(gguf_name(name), raw, raw_dtype=None if kind in (Q.F32, Q.F16) else kind)
         back = gguf.quants.dequantize(raw.view(np.uint8) if kind not in (Q.F32, Q.F16) else raw, kind)
         back = back.reshape(value.shape).astype(np.float32)

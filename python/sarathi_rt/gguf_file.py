@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,18 @@ class GGUFFile:
         info = self.tensors[name]
         rows = info.nbytes // info.row_bytes
         return self.data[info.offset:info.offset + info.nbytes].reshape(rows, info.row_bytes)
+
+
+@lru_cache(maxsize=4)
+def _open_cached(path: str, size: int, mtime_ns: int) -> GGUFFile:
+    return GGUFFile(path)
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """GGUFFile(path), parsed once per process while the file is unchanged (the config,
+    the weights and the tokenizer all read the same header)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"GGUF file {str(path)!r} does not exist")
+    stat = path.stat()
+    return _open_cached(str(path.resolve()), stat.st_size, stat.st_mtime_ns)

@@ -12,6 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sarathi_rt.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
+from sarathi_rt.models import resolve_model_path
 from sarathi_rt.sampling import SamplingParams
 from sarathi_rt.tokenizer import Tokenizer
 
@@ -21,8 +22,10 @@ Conversation = Sequence[Mapping[str, Any]]
 
 class LLM:
     """A model served by a Sarathi-Serve engine. `model` is a Hugging Face directory
-    (config.json + safetensors; a tokenizer there enables text prompts) or a preset name
-    ("tiny", "cpu-small", "llama3-8b") with seeded random weights. The other arguments
+    (config.json + safetensors; a tokenizer.json there enables text prompts), a LLaMA
+    GGUF file (tokenizer and chat template included), a named model fetched on first use
+    ("smollm2-135m-instruct"), or a preset name ("tiny", "cpu-small", "llama3-8b") with
+    seeded random weights. The other arguments
     are EngineConfig's; tensor_parallel_size x pipeline_parallel_size > 1 runs the model
     in that many worker processes. Use it as a context manager, or call shutdown(), to
     stop them. `tokenizer` (a Tokenizer, a GGUF file or a directory with tokenizer.json)
@@ -41,7 +44,7 @@ class LLM:
                               tensor_parallel_size=tensor_parallel_size,
                               pipeline_parallel_size=pipeline_parallel_size)
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else \
-            _load_tokenizer(Path(model if tokenizer is None else tokenizer))
+            _load_tokenizer(resolve_model_path(model) if tokenizer is None else Path(tokenizer))
         if tokenizer is not None and self.tokenizer is None:
             raise ValueError(f"tokenizer {str(tokenizer)!r} is neither a GGUF file nor a directory with "
                              "tokenizer.json")
@@ -188,8 +191,10 @@ class LLM:
         return self._async
 
 
-def _load_tokenizer(path: Path) -> Tokenizer | None:
+def _load_tokenizer(path: Path | None) -> Tokenizer | None:
     """The GGUF file's tokenizer, or the directory's tokenizer.json; None for presets."""
+    if path is None:
+        return None
     if path.is_file():
         return Tokenizer.from_gguf(path)
     if (path / "tokenizer.json").is_file():

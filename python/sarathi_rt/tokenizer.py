@@ -14,7 +14,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
-from sarathi_rt.gguf_file import GGUFFile
+from sarathi_rt.gguf_file import GGUFFile, open_gguf
 
 # llama.cpp's token types (tokenizer.ggml.token_type)
 _UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 2, 3, 4, 6
@@ -64,7 +64,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path_or_file: str | Path | GGUFFile) -> Tokenizer:
         """The tokenizer a GGUF file describes in its `tokenizer.*` metadata."""
-        gguf = path_or_file if isinstance(path_or_file, GGUFFile) else GGUFFile(path_or_file)
+        gguf = path_or_file if isinstance(path_or_file, GGUFFile) else open_gguf(path_or_file)
         name, metadata = gguf.name, gguf.get
         kind = metadata("tokenizer.ggml.model")
         tokens: list[str] = metadata("tokenizer.ggml.tokens")
