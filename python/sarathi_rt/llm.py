@@ -43,8 +43,7 @@ class LLM:
                               max_model_len=max_model_len, kv_memory_fraction=kv_memory_fraction,
                               tensor_parallel_size=tensor_parallel_size,
                               pipeline_parallel_size=pipeline_parallel_size)
-        self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else \
-            _load_tokenizer(resolve_model_path(model) if tokenizer is None else Path(tokenizer))
+        self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(model, tokenizer)
         if tokenizer is not None and self.tokenizer is None:
             raise ValueError(f"tokenizer {str(tokenizer)!r} is neither a GGUF file nor a directory with "
                              "tokenizer.json")
@@ -191,8 +190,10 @@ class LLM:
         return self._async
 
 
-def _load_tokenizer(path: Path | None) -> Tokenizer | None:
-    """The GGUF file's tokenizer, or the directory's tokenizer.json; None for presets."""
+def load_tokenizer(model: str | Path, tokenizer: str | Path | None = None) -> Tokenizer | None:
+    """The tokenizer of `model` (its GGUF file's, or its directory's tokenizer.json; None
+    for presets), or the one at `tokenizer` if given."""
+    path = resolve_model_path(model) if tokenizer is None else Path(tokenizer)
     if path is None:
         return None
     if path.is_file():

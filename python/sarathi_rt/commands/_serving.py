@@ -12,9 +12,10 @@ from sarathi_rt.sim import VidurCostModel, simulate
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, data_path
 
 DEFAULT_PROFILE = "a100_llama-2-7b_mlp.csv.gz"
+REAL_MODEL = "smollm2-135m-instruct"
 
 
-def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
+def add_common_args(p: argparse.ArgumentParser, policies: str, model: str = "cpu-small") -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--trace", default="sharegpt",
                    help=f"request lengths: {', '.join(BUILTIN_TRACES)}, a CSV path "
@@ -33,7 +34,8 @@ def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: sized from memory)")
     e = p.add_argument_group("engine")
-    e.add_argument("--model", default="cpu-small", help="preset name or Hugging Face directory")
+    e.add_argument("--model", default=model, help=f"named model ({REAL_MODEL}), GGUF file, Hugging Face "
+                                                  f"directory or preset (tiny, cpu-small; default {model})")
     e.add_argument("--device", default="cpu")
     e.add_argument("--dtype", default="float32")
     e.add_argument("--threads", type=int, default=1,
@@ -104,8 +106,8 @@ class SimBackend:
 
 @dataclass
 class EngineBackend:
-    """Runs a policy on a fresh real engine (weights seeded, so every policy serves the
-    same model), replaying arrivals in wall-clock time."""
+    """Runs each policy on a fresh engine over one model (loaded once: every policy
+    serves the same weights and KV cache), replaying arrivals in wall-clock time."""
 
     args: argparse.Namespace
 
@@ -120,18 +122,22 @@ class EngineBackend:
             raise ValueError(f"--threads must be >= 1, got {self.args.threads}")
         torch.set_num_threads(self.args.threads)
         self.max_total_tokens = resolve_config(self.args.model)[0].max_position_embeddings
-        self.num_blocks = self.args.num_blocks
-        self.llm = None  # the LLM of the latest run
+        self._executor = None
+        self.tokenizer = None
 
     def engine(self, policy: str, workload: Sequence[RequestSpec]):  # -> LLMEngine
-        from sarathi_rt import LLM
+        from sarathi_rt.engine import EngineConfig, InProcessExecutor, LLMEngine
+        from sarathi_rt.llm import load_tokenizer
 
         cfg = scheduler_config(self.args, policy, workload, 1)
-        self.llm = LLM(model=self.args.model, device=self.args.device, dtype=self.args.dtype, policy=policy,
-                       token_budget=cfg.token_budget, chunk_size=cfg.chunk_size, max_num_seqs=cfg.max_num_seqs,
-                       block_size=self.args.block_size, num_kv_blocks=self.num_blocks,
-                       tile_size=self.args.tile_size, seed=self.args.seed)
-        return self.llm.engine
+        config = EngineConfig(model=self.args.model, device=self.args.device, dtype=self.args.dtype, policy=policy,
+                              token_budget=cfg.token_budget, chunk_size=cfg.chunk_size,
+                              max_num_seqs=cfg.max_num_seqs, block_size=self.args.block_size,
+                              num_kv_blocks=self.args.num_blocks, tile_size=self.args.tile_size, seed=self.args.seed)
+        if self._executor is None:
+            self._executor = InProcessExecutor(config)
+            self.tokenizer = load_tokenizer(self.args.model)
+        return LLMEngine(config, executor=self._executor, tokenizer=self.tokenizer)
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:

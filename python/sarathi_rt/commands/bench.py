@@ -1,10 +1,11 @@
 """`sarathi-rt bench`: serve the same workload with several scheduling policies and
 compare latency: TTFT, TBT, generation stalls, throughput, scheduling delay.
 
-By default it runs the real engine on the CPU (the cpu-small preset, ShareGPT lengths
-scaled to 1/8); `--simulate` replays the workload through the simulator with an A100
-cost model instead, and `--endpoint URL` sends it to an OpenAI-compatible server (this
-one's `sarathi-rt serve`, or any other) and measures what its clients see."""
+By default it runs the real engine on the CPU (SmolLM2-135M-Instruct, fetched on first
+use; ShareGPT lengths scaled to 1/8) and then shows a few of the model's answers.
+`--simulate` replays the workload through the simulator with an A100 cost model instead,
+and `--endpoint URL` sends it to an OpenAI-compatible server (this one's `sarathi-rt
+serve`, or any other) and measures what its clients see."""
 from __future__ import annotations
 
 import argparse
@@ -19,13 +20,13 @@ from sarathi_rt.metrics import MetricsSummary, save_requests_csv, save_steps_csv
 from sarathi_rt.plots import plot_tbt_cdf, plot_tokens_per_step
 from sarathi_rt.workloads import make_workload
 
-from ._serving import EngineBackend, add_common_args, fill_defaults, make_backend, parse_policies, workload_config
+from ._serving import REAL_MODEL, EngineBackend, add_common_args, fill_defaults, make_backend, parse_policies, workload_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="compare scheduling policies on one workload",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(p, policies="sarathi,vllm,orca")
+    add_common_args(p, policies="sarathi,vllm,orca", model=REAL_MODEL)
     p.add_argument("--qps", type=float, default=None, help="request rate (default: 0.75 on the engine, 1.5 simulated)")
     p.add_argument("--endpoint", default=None, metavar="URL",
                    help="replay against this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1)")
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sarathi P99 TBT / vllm P99 TBT = {ratio:.3f}; stalls {s.stalls} vs {v.stalls}")
     print(f"wrote {args.out}/summary.json, tbt_cdf.png, tokens_per_step.png and per-policy CSVs")
     if isinstance(backend, EngineBackend):
-        show_answers(backend)
+        show_answers(backend, policies[0], workload)
     return 0
 
 
@@ -79,19 +80,24 @@ SAMPLE_CHATS = ["What is the capital of France?", "Name three colours of the rai
                 "Write one sentence about the sea."]
 
 
-def show_answers(backend: EngineBackend) -> None:
-    """A few greedy answers from the last engine: the text a real model makes (random
-    weights and models without a chat template have none to show)."""
-    llm = backend.llm
-    if llm is None or llm.tokenizer is None or llm.tokenizer.chat_template is None:
+def show_answers(backend: EngineBackend, policy: str, workload: list) -> None:
+    """A few greedy answers, by an engine like the measured ones: the text a real model
+    makes (random weights and models without a chat template have none to show)."""
+    tokenizer = backend.tokenizer
+    if tokenizer is None or tokenizer.chat_template is None:
         return
     from sarathi_rt.sampling import SamplingParams
 
-    outs = llm.chat([[{"role": "user", "content": q}] for q in SAMPLE_CHATS],
-                    SamplingParams(max_tokens=48, temperature=0.0), use_tqdm=False)
-    print(f"{backend.args.model} answers (greedy):")
-    for question, out in zip(SAMPLE_CHATS, outs):
-        print(f"  > {question}\n    {' '.join(out.text.split())}")
+    engine = backend.engine(policy, workload)
+    for i, question in enumerate(SAMPLE_CHATS):
+        engine.add_request(i, tokenizer.apply_chat_template([{"role": "user", "content": question}]),
+                           SamplingParams(max_tokens=48, temperature=0.0))
+    answers: dict[object, str] = {}
+    while engine.has_unfinished():
+        answers |= {out.request_id: out.text or "" for out in engine.step() if out.finished}
+    print(f"{backend.args.model} answers ({policy}, greedy):")
+    for i, question in enumerate(SAMPLE_CHATS):
+        print(f"  > {question}\n    {' '.join(answers[i].split())}")
 
 
 def format_table(summaries: dict[str, MetricsSummary]) -> str:
