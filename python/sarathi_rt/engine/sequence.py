@@ -8,7 +8,7 @@ from sarathi_rt.metrics import RequestMetrics
 from sarathi_rt.sampling import SamplingParams
 
 from .detokenizer import Detokenizer
-from .outputs import RequestOutput
+from .outputs import Prefix, RequestOutput
 from .step_io import RowSampling
 
 
@@ -56,11 +56,13 @@ class Sequence:
         elif len(self.output) >= self.max_new_tokens:
             self.finish_reason = "length"
 
-    def to_output(self, new_tokens: list[int]) -> RequestOutput:
+    def to_output(self, num_new: int) -> RequestOutput:
+        """A snapshot after a step that generated the last `num_new` tokens."""
+        out = self.output
         text = new_text = None
         if self.detokenizer is not None:
             new_text = self.detokenizer.release(self.finish_reason is not None)
             text = self.detokenizer.released_text
-        return RequestOutput(self.request_id, self.prompt, new_tokens, list(self.output),
+        return RequestOutput(self.request_id, self.prompt, out[len(out) - num_new:], Prefix(out),
                              self.finish_reason is not None, self.finish_reason, self.metrics,
-                             None if self.logprobs is None else list(self.logprobs), text, new_text)
+                             None if self.logprobs is None else Prefix(self.logprobs), text, new_text)
