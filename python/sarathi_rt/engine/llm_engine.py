@@ -44,9 +44,6 @@ class LLMEngine:
 
     METRICS_WINDOW = 65536
 
-    With a `tokenizer` each output carries its text, decoded incrementally, and requests
-    can stop at strings (SamplingParams.stop)."""
-
     def __init__(self, config: EngineConfig, executor: Executor | None = None,
                  tokenizer: TextDecoder | None = None) -> None:
         self.config = config
