@@ -216,3 +216,12 @@ def test_bench_replays_a_workload_against_the_endpoint(served, tmp_path, capsys)
     assert [r.num_prompt_tokens for r in measured] == [w.num_prompt_tokens for w in workload]
     assert all(r.ttft > 0 and r.finish_time >= r.token_times[-1] for r in measured)
     assert _wait_idle(base)["sarathi_rt_kv_blocks_in_use"] == 0
+
+
+def test_serve_command_rejects_bad_flags(capsys) -> None:
+    from sarathi_rt.cli import main
+
+    assert main(["serve", "--model", "tiny", "--max-waiting", "-1"]) == 2
+    assert "max_waiting" in capsys.readouterr().err
+    assert main(["serve", "--model", "tiny", "--tokenizer", "no/such/tokenizer"]) == 2
+    assert "tokenizer" in capsys.readouterr().err

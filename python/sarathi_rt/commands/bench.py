@@ -63,14 +63,16 @@ def run(args: argparse.Namespace) -> int:
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({p: s.bench_dict() for p, s in summaries.items()}, f, indent=2)
     plot_tbt_cdf(tbts, os.path.join(args.out, "tbt_cdf.png"))
-    if any(steps_by_policy.values()):
+    plots = "tbt_cdf.png"
+    if any(steps_by_policy.values()):  # a server measured from outside has no step records
         plot_tokens_per_step(steps_by_policy, os.path.join(args.out, "tokens_per_step.png"))
+        plots += ", tokens_per_step.png"
     print(format_table(summaries))
     if "sarathi" in summaries and "vllm" in summaries:
         s, v = summaries["sarathi"], summaries["vllm"]
         ratio = s.tbt.p99 / v.tbt.p99 if v.tbt.p99 > 0 else math.nan
         print(f"sarathi P99 TBT / vllm P99 TBT = {ratio:.3f}; stalls {s.stalls} vs {v.stalls}")
-    print(f"wrote {args.out}/summary.json, tbt_cdf.png, tokens_per_step.png and per-policy CSVs")
+    print(f"wrote {args.out}/summary.json, {plots} and per-policy CSVs")
     if isinstance(backend, EngineBackend):
         show_answers(backend, policies[0], workload)
     return 0
