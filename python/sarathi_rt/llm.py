@@ -12,7 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sarathi_rt.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
-from sarathi_rt.models import resolve_model_path
+from sarathi_rt.models import resolve_config, resolve_model_path
 from sarathi_rt.sampling import SamplingParams
 from sarathi_rt.tokenizer import Tokenizer
 
@@ -44,6 +44,7 @@ class LLM:
                               max_model_len=max_model_len, kv_memory_fraction=kv_memory_fraction,
                               tensor_parallel_size=tensor_parallel_size,
                               pipeline_parallel_size=pipeline_parallel_size, worker_timeout=worker_timeout)
+        resolve_config(model)  # a bad model is named before its tokenizer is looked at
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(model, tokenizer)
         if tokenizer is not None and self.tokenizer is None:
             raise ValueError(f"tokenizer {str(tokenizer)!r} is neither a GGUF file nor a directory with "

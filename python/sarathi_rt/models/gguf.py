@@ -16,7 +16,7 @@ from sarathi_rt.gguf_file import GGUFFile
 
 from .config import ModelConfig
 from .llama import LlamaForCausalLM
-from .loader import _load
+from .loader import _check_shape, _load
 
 SUPPORTED_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1})
 ARCHITECTURES = ("llama",)
@@ -89,7 +89,12 @@ def load_gguf(model: LlamaForCausalLM, file: GGUFFile) -> None:
     cfg = model.config
     heads = {"self_attn.q_proj": cfg.num_attention_heads, "self_attn.k_proj": cfg.num_key_value_heads}
 
-    def read(name: str, index: tuple[slice, ...]) -> torch.Tensor:
+    def read(name: str, index: tuple[slice, ...], dest: torch.Tensor) -> None:
+        value = dequantized(name, index)
+        _check_shape(name, tuple(value.shape), dest)
+        dest.copy_(value)
+
+    def dequantized(name: str, index: tuple[slice, ...]) -> torch.Tensor:
         info = file.tensors[names[name]]
         raw = file.rows(info.name)
         heads_here = next((h for proj, h in heads.items() if f".{proj}." in name), None)
