@@ -48,7 +48,10 @@ def test_stalls_use_stall_factor_times_median_step() -> None:
     assert count_stalls(requests, steps) == 1  # the 0.9 s gap only
     assert count_stalls(requests, steps, stall_factor=10.0) == 0
     assert count_stalls(requests, steps, stall_factor=0.9) == 5  # all five gaps > 0.09
-    assert count_stalls(requests, []) == 0
+    assert count_stalls([], []) == 0
+    # no step records: the median TBT stands in for the step time
+    assert stall_threshold([], 5.0, requests) == pytest.approx(0.5)  # 5 x median of 0.1 0.1 0.9 0.1 0.1
+    assert count_stalls(requests, []) == 1 and count_stalls(requests, [], stall_factor=20.0) == 0
     with pytest.raises(ValueError, match="stall_factor"):
         stall_threshold(steps, 0.0)
 

@@ -1,6 +1,5 @@
 """Prefix caching in the scheduler: chained keys, hits at admission, LRU eviction,
 every policy, and a randomized run that checks refcounts, block accounting and tokens."""
-import random
 
 import pytest
 

@@ -4,34 +4,43 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
 
-import torch
 from tqdm.auto import tqdm
 
 from sarathi_rt.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
+from sarathi_rt.models import resolve_config, resolve_model_path
 from sarathi_rt.sampling import SamplingParams
+from sarathi_rt.tokenizer import Tokenizer
 
 Prompt = Union[str, Sequence[int]]
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+Conversation = Sequence[Mapping[str, Any]]
 
 
 class LLM:
     """A model served by a Sarathi-Serve engine. `model` is a Hugging Face directory
-    (config.json + safetensors; a tokenizer there enables text prompts) or a preset name
-    ("tiny", "cpu-small", "llama3-8b") with seeded random weights. The keyword arguments
-    are EngineConfig's fields (device, dtype, policy, token_budget, max_num_seqs, ...;
-    an unknown one raises TypeError); tensor_parallel_size x pipeline_parallel_size > 1 runs the model
-    in that many worker processes. Use it as a context manager, or call shutdown(), to
-    stop them. tbt_slo (seconds) sizes every step to that time-between-tokens target
-    (the adaptive budget, learned online; token_budget caps it)."""
+    (config.json + safetensors; a tokenizer.json there enables text prompts), a LLaMA
+    GGUF file (tokenizer and chat template included), a named model fetched on first use
+    ("smollm2-135m-instruct"), or a preset name ("tiny", "cpu-small", "llama3-8b") with
+    seeded random weights. The other keyword arguments are EngineConfig's fields (device,
+    dtype, policy, token_budget, max_num_seqs, enable_prefix_caching, tbt_slo, ...; an
+    unknown one raises TypeError); tensor_parallel_size x pipeline_parallel_size > 1 runs
+    the model in that many worker processes. Use it as a context manager, or call
+    shutdown(), to stop them. `tokenizer` (a Tokenizer, a GGUF file or a directory with
+    tokenizer.json) overrides the model's own; with one, prompts can be text and outputs
+    carry text."""
 
-    def __init__(self, model: str | Path, **options: Any) -> None:
+    def __init__(self, model: str | Path, *, tokenizer: str | Path | Tokenizer | None = None,
+                 **options: Any) -> None:
         config = EngineConfig(model=model, **options)
-        self.engine = LLMEngine(config)
-        self.tokenizer = _load_tokenizer(Path(model))
+        resolve_config(model)  # a bad model is named before its tokenizer is looked at
+        self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(model, tokenizer)
+        if tokenizer is not None and self.tokenizer is None:
+            raise ValueError(f"tokenizer {str(tokenizer)!r} is neither a GGUF file nor a directory with "
+                             "tokenizer.json")
+        self.engine = LLMEngine(config, tokenizer=self.tokenizer)
         self._ids = itertools.count()
         self._async: AsyncLLMEngine | None = None
         self._async_loop: asyncio.AbstractEventLoop | None = None
@@ -83,10 +92,21 @@ class LLM:
             ids.append(request_id)
         return ids
 
-    def _finish(self, out: RequestOutput) -> RequestOutput:
-        if out.finished and self.tokenizer is not None:
-            out.text = self.tokenizer.decode(list(out.token_ids), skip_special_tokens=True)
-        return out
+    def _chat_prompts(self, conversations: Conversation | Sequence[Conversation]) -> list[list[int]]:
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer with a chat template; this model has none")
+        if isinstance(conversations, Sequence) and conversations and isinstance(conversations[0], Mapping):
+            conversations = [conversations]  # type: ignore[list-item]  (one conversation)
+        if isinstance(conversations, (str, bytes)) or not isinstance(conversations, Sequence) or not conversations:
+            raise ValueError("conversations must be a conversation ([{'role': ..., 'content': ...}, ...]) "
+                             "or a non-empty list of them")
+        prompts = []
+        for i, conv in enumerate(conversations):
+            try:
+                prompts.append(self.tokenizer.apply_chat_template(conv, add_generation_prompt=True))
+            except ValueError as exc:
+                raise ValueError(f"conversations[{i}]: {exc}") from exc
+        return prompts  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ running
     def generate(self, prompts: Prompt | Sequence[Prompt],
@@ -100,17 +120,24 @@ class LLM:
         with tqdm(total=len(ids), desc="generate", unit="req", disable=None if use_tqdm else True) as bar:
             for out in self._drive(set(ids)):
                 if out.finished:
-                    results[order[out.request_id]] = self._finish(out)
+                    results[order[out.request_id]] = out
                     bar.update(1)
         return results  # type: ignore[return-value]
+
+    def chat(self, conversations: Conversation | Sequence[Conversation],
+             params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """`generate` for conversations ([{"role": "user", "content": ...}, ...], or a
+        list of them): each is rendered with the model's chat template, ending with the
+        assistant's turn to speak."""
+        return self.generate(self._chat_prompts(conversations), params, use_tqdm)
 
     def stream(self, prompts: Prompt | Sequence[Prompt],
                params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[RequestOutput]:
         """Yield each step's output for each of these prompts (new_token_ids holds the
-        step's token); a request's last output has finished=True. Closing the iterator
-        early aborts what is still running."""
-        ids = set(self._add_all(prompts, params))
-        yield from (self._finish(out) for out in self._drive(ids))
+        step's token, new_text its text); a request's last output has finished=True.
+        Closing the iterator early aborts what is still running."""
+        yield from self._drive(set(self._add_all(prompts, params)))
 
     def _drive(self, ids: set[str]) -> Iterator[RequestOutput]:
         live = set(ids)
@@ -144,7 +171,7 @@ class LLM:
                     raise out
                 if out.finished:
                     live.discard(out.request_id)
-                yield self._finish(out)
+                yield out
         finally:
             for request_id in live:
                 await aengine.abort(request_id)
@@ -156,9 +183,14 @@ class LLM:
         return self._async
 
 
-def _load_tokenizer(path: Path) -> Any:
-    if not path.is_dir() or not any((path / f).is_file() for f in _TOKENIZER_FILES):
+def load_tokenizer(model: str | Path, tokenizer: str | Path | None = None) -> Tokenizer | None:
+    """The tokenizer of `model` (its GGUF file's, or its directory's tokenizer.json; None
+    for presets), or the one at `tokenizer` if given."""
+    path = resolve_model_path(model) if tokenizer is None else Path(tokenizer)
+    if path is None:
         return None
-    from transformers import AutoTokenizer  # optional: only for models that ship a tokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
+    if path.is_file():
+        return Tokenizer.from_gguf(path)
+    if (path / "tokenizer.json").is_file():
+        return Tokenizer.from_dir(path)
+    return None

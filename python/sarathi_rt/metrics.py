@@ -105,17 +105,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def stall_threshold(steps: Sequence[StepMetrics], stall_factor: float = DEFAULT_STALL_FACTOR) -> float:
-    """A TBT gap longer than this is a generation stall: stall_factor x median step time."""
+def stall_threshold(steps: Sequence[StepMetrics], stall_factor: float = DEFAULT_STALL_FACTOR,
+                    requests: Iterable[RequestMetrics] = ()) -> float:
+    """A TBT gap longer than this is a generation stall: stall_factor x median step time.
+    Without step records (a server measured from outside) the median TBT of `requests`
+    stands in for the step time: a running decode gets one token per step."""
     if not stall_factor > 0:
         raise ValueError(f"stall_factor must be > 0, got {stall_factor!r}")
-    return stall_factor * percentile([s.duration for s in steps], 50)
+    durations = [s.duration for s in steps] or [g for r in requests for g in r.tbts]
+    return stall_factor * percentile(durations, 50)
 
 
 def count_stalls(requests: Iterable[RequestMetrics], steps: Sequence[StepMetrics],
                  stall_factor: float = DEFAULT_STALL_FACTOR) -> int:
-    """TBT gaps, over all requests, longer than `stall_threshold(steps, stall_factor)`."""
-    limit = stall_threshold(steps, stall_factor)
+    """TBT gaps, over all requests, longer than `stall_threshold(steps, stall_factor, requests)`."""
+    requests = list(requests)
+    limit = stall_threshold(steps, stall_factor, requests)
     if math.isnan(limit):
         return 0
     return sum(1 for r in requests for gap in r.tbts if gap > limit)
@@ -183,7 +188,7 @@ def summarize(requests: Sequence[RequestMetrics], steps: Sequence[StepMetrics],
         e2e_latency=Distribution.of([r.e2e_latency for r in done]),  # type: ignore[misc]
         step_time=Distribution.of([s.duration for s in steps]),
         stalls=count_stalls(requests, steps, stall_factor),
-        stall_threshold=stall_threshold(steps, stall_factor),
+        stall_threshold=stall_threshold(steps, stall_factor, requests),
         tokens_per_s=generated / duration if duration > 0 else math.nan,
         num_generated_tokens=generated, num_steps=len(steps),
         num_preemptions=sum(r.num_preemptions for r in requests), duration=duration,

@@ -36,9 +36,12 @@ class SamplingParams:
     logits are divided by it before top_k (keep the k most likely; None keeps all) and
     top_p (keep the smallest set whose probability reaches p). seed: makes a sampled
     request reproducible, whatever else shares its batches; None draws one from the
-    engine's seed (seeds lie in [0, 2**64)). Generation stops at max_tokens, at any of stop_token_ids, or at the
-    model's end-of-sequence ids unless ignore_eos. logprobs: also return the log
-    probability of each generated token under the model's unmodified distribution.
+    engine's seed (seeds lie in [0, 2**64)). Generation stops at max_tokens, at any of
+    stop_token_ids, or at the model's end-of-sequence ids unless ignore_eos (the token
+    that stops it is in token_ids but not in the text), or once the text contains one of
+    the `stop` strings (a str or several; the text ends before it; needs a tokenizer).
+    logprobs: also return the log probability of each generated token under the model's
+    unmodified distribution. skip_special_tokens: leave special tokens out of the text.
     """
 
     max_tokens: int = 16
@@ -49,6 +52,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    stop: tuple[str, ...] = ()
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_tokens", _int("max_tokens", self.max_tokens, 1))
@@ -65,7 +70,11 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}")
         stops = tuple(_int("stop_token_ids entries", t, 0) for t in self.stop_token_ids)
         object.__setattr__(self, "stop_token_ids", stops)
-        for name in ("ignore_eos", "logprobs"):
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, Iterable) or not all(isinstance(x, str) and x for x in stop):
+            raise ValueError(f"stop must be a non-empty string or a sequence of them, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))
+        for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -15,6 +15,7 @@ from sarathi_rt.sim.shape_model import ShapeCostModel
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, data_path
 
 DEFAULT_PROFILE = "a100_llama-2-7b_mlp.csv.gz"
+REAL_MODEL = "smollm2-135m-instruct"
 
 
 def optional_plots() -> ModuleType | None:
@@ -28,7 +29,7 @@ def optional_plots() -> ModuleType | None:
     return plots
 
 
-def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
+def add_common_args(p: argparse.ArgumentParser, policies: str, model: str = "cpu-small") -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--trace", default="sharegpt",
                    help=f"request lengths: {', '.join(BUILTIN_TRACES)}, a CSV path "
@@ -50,7 +51,8 @@ def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
                    help="size each sarathi step to --tbt-slo with a step-time model (the simulator's cost "
                         "model, or one the engine learns online); --token-budget becomes the cap")
     e = p.add_argument_group("engine")
-    e.add_argument("--model", default="cpu-small", help="preset name or Hugging Face directory")
+    e.add_argument("--model", default=model, help=f"named model ({REAL_MODEL}), GGUF file, Hugging Face "
+                                                  f"directory or preset (tiny, cpu-small; default {model})")
     e.add_argument("--device", default="cpu")
     e.add_argument("--dtype", default="float32")
     e.add_argument("--threads", type=int, default=1,
@@ -133,8 +135,8 @@ class SimBackend:
 
 @dataclass
 class EngineBackend:
-    """Runs a policy on a fresh real engine (weights seeded, so every policy serves the
-    same model), replaying arrivals in wall-clock time."""
+    """Runs each policy on a fresh engine over one model (loaded once: every policy
+    serves the same weights and KV cache), replaying arrivals in wall-clock time."""
 
     args: argparse.Namespace
 
@@ -150,15 +152,23 @@ class EngineBackend:
         torch.set_num_threads(self.args.threads)
         self.max_total_tokens = resolve_config(self.args.model)[0].max_position_embeddings
         self.num_blocks = self.args.num_blocks
+        self._executor = None
+        self.tokenizer = None
 
     def engine(self, policy: str, workload: Sequence[RequestSpec]):  # -> LLMEngine
-        from sarathi_rt import LLM
+        from sarathi_rt.engine import EngineConfig, InProcessExecutor, LLMEngine
+        from sarathi_rt.llm import load_tokenizer
 
         cfg = scheduler_config(self.args, policy, workload, 1)
-        return LLM(model=self.args.model, device=self.args.device, dtype=self.args.dtype, policy=policy,
-                   token_budget=cfg.token_budget, chunk_size=cfg.chunk_size, max_num_seqs=cfg.max_num_seqs,
-                   block_size=self.args.block_size, num_kv_blocks=self.num_blocks,
-                   tile_size=self.args.tile_size, seed=self.args.seed, tbt_slo=cfg.tbt_slo).engine
+        config = EngineConfig(model=self.args.model, device=self.args.device, dtype=self.args.dtype, policy=policy,
+                              token_budget=cfg.token_budget, chunk_size=cfg.chunk_size,
+                              max_num_seqs=cfg.max_num_seqs, block_size=self.args.block_size,
+                              num_kv_blocks=self.num_blocks, tile_size=self.args.tile_size, seed=self.args.seed,
+                              tbt_slo=cfg.tbt_slo)
+        if self._executor is None:
+            self._executor = InProcessExecutor(config)
+            self.tokenizer = load_tokenizer(self.args.model)
+        return LLMEngine(config, executor=self._executor, tokenizer=self.tokenizer)
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
@@ -169,7 +179,34 @@ class EngineBackend:
         return replay(engine, workload, seed=self.args.seed, progress=progress)
 
 
-def make_backend(args: argparse.Namespace) -> SimBackend | EngineBackend:
+@dataclass
+class EndpointBackend:
+    """Sends the workload to an OpenAI-compatible server (`--endpoint`), whatever it runs;
+    the scheduling flags are the server's business."""
+
+    args: argparse.Namespace
+
+    def __post_init__(self) -> None:
+        from sarathi_rt.http_replay import server_model
+
+        if self.args.simulate:
+            raise ValueError("--endpoint and --simulate exclude each other")
+        self.endpoint = self.args.endpoint.rstrip("/")
+        info = server_model(self.endpoint)
+        self.model = str(info["id"])
+        self.max_total_tokens: int | None = info.get("max_model_len")
+
+    def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
+            ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
+        from sarathi_rt.http_replay import replay_endpoint
+
+        return replay_endpoint(self.endpoint, self.model, workload, vocab_size=self.args.vocab_size,
+                               seed=self.args.seed, progress=progress), []
+
+
+def make_backend(args: argparse.Namespace) -> SimBackend | EngineBackend | EndpointBackend:
+    if getattr(args, "endpoint", None):
+        return EndpointBackend(args)
     return SimBackend(args) if args.simulate else EngineBackend(args)
 
 

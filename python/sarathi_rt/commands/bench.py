@@ -1,9 +1,11 @@
 """`sarathi-rt bench`: serve the same workload with several scheduling policies and
 compare latency: TTFT, TBT, generation stalls, throughput, scheduling delay.
 
-By default it runs the real engine on the CPU (the cpu-small preset, ShareGPT lengths
-scaled to 1/8); `--simulate` replays the workload through the simulator with an A100
-cost model instead."""
+By default it runs the real engine on the CPU (SmolLM2-135M-Instruct, fetched on first
+use; ShareGPT lengths scaled to 1/8) and then shows a few of the model's answers.
+`--simulate` replays the workload through the simulator with an A100 cost model instead,
+and `--endpoint URL` sends it to an OpenAI-compatible server (this one's `sarathi-rt
+serve`, or any other) and measures what its clients see."""
 from __future__ import annotations
 
 import argparse
@@ -18,30 +20,37 @@ from sarathi_rt.metrics import MetricsSummary, save_requests_csv, save_steps_csv
 from sarathi_rt.slo_metrics import SLOMetrics, slo_metrics
 from sarathi_rt.workloads import make_workload
 
-from ._serving import add_common_args, fill_defaults, make_backend, optional_plots, parse_policies, workload_config
+from ._serving import (REAL_MODEL, EngineBackend, add_common_args, fill_defaults, make_backend, optional_plots,
+                       parse_policies, workload_config)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="compare scheduling policies on one workload",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(p, policies="sarathi,vllm,orca")
+    add_common_args(p, policies="sarathi,vllm,orca", model=REAL_MODEL)
     p.add_argument("--qps", type=float, default=None, help="request rate (default: 0.75 on the engine, 1.5 simulated)")
     p.add_argument("--tbt-slo", type=float, default=None,
                    help="time-between-tokens target (s): of --adaptive-budget, and of goodput")
     p.add_argument("--ttft-slo", type=float, default=None, help="time-to-first-token target (s) of goodput")
+    p.add_argument("--endpoint", default=None, metavar="URL",
+                   help="replay against this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1)")
+    p.add_argument("--vocab-size", type=int, default=32000,
+                   help="--endpoint: prompt token ids are drawn below this (default 32000)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     fill_defaults(args, qps=(0.75, 1.5), num_requests=(12, 1000), length_scale=(1 / 8, 1.0),
                   token_budget=(32, 512), max_num_seqs=(32, 128))
-    policies = parse_policies(args.policy)
+    policies = ["endpoint"] if args.endpoint else parse_policies(args.policy)
     backend = make_backend(args)
     workload = make_workload(workload_config(args, args.qps, backend.max_total_tokens))
     os.makedirs(args.out, exist_ok=True)
     mode = "simulator" if args.simulate else f"{args.model} on {args.device}"
+    mode = f"{backend.model} at {args.endpoint}" if args.endpoint else \
+        f"{mode}; chunked policies: token budget {args.token_budget}"
     print(f"sarathi-rt bench: {len(workload)} requests of {args.trace} (length x{args.length_scale:.4g}) at "
-          f"{args.qps:g} QPS, {mode}; chunked policies: token budget {args.token_budget}")
+          f"{args.qps:g} QPS, {mode}")
     summaries: dict[str, MetricsSummary] = {}
     slos: dict[str, SLOMetrics] = {}
     tbts, steps_by_policy = {}, {}
@@ -55,15 +64,18 @@ def run(args: argparse.Namespace) -> int:
         steps_by_policy[policy] = steps
         save_requests_csv(os.path.join(args.out, f"{policy}_requests.csv"), requests)
         save_steps_csv(os.path.join(args.out, f"{policy}_steps.csv"), steps)
-        print(f"  {policy}: {len(steps)} steps in {time.perf_counter() - start:.1f} s")
+        done = f"{len(steps)} steps" if steps else f"{len(requests)} requests"
+        print(f"  {policy}: {done} in {time.perf_counter() - start:.1f} s")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({p: {**s.bench_dict(), **slos[p].to_dict()} for p, s in summaries.items()}, f, indent=2)
     written = "summary.json"
     plots = optional_plots()
     if plots is not None:
         plots.plot_tbt_cdf(tbts, os.path.join(args.out, "tbt_cdf.png"))
-        plots.plot_tokens_per_step(steps_by_policy, os.path.join(args.out, "tokens_per_step.png"))
-        written += ", tbt_cdf.png, tokens_per_step.png"
+        written += ", tbt_cdf.png"
+        if any(steps_by_policy.values()):  # a server measured from outside has no step records
+            plots.plot_tokens_per_step(steps_by_policy, os.path.join(args.out, "tokens_per_step.png"))
+            written += ", tokens_per_step.png"
     print(format_table(summaries))
     print(format_slo_table(slos))
     if "sarathi" in summaries and "vllm" in summaries:
@@ -71,7 +83,33 @@ def run(args: argparse.Namespace) -> int:
         ratio = s.tbt.p99 / v.tbt.p99 if v.tbt.p99 > 0 else math.nan
         print(f"sarathi P99 TBT / vllm P99 TBT = {ratio:.3f}; stalls {s.stalls} vs {v.stalls}")
     print(f"wrote {args.out}/{written} and per-policy CSVs")
+    if isinstance(backend, EngineBackend):
+        show_answers(backend, policies[0], workload)
     return 0
+
+
+SAMPLE_CHATS = ["What is the capital of France?", "Name three colours of the rainbow.",
+                "Write one sentence about the sea."]
+
+
+def show_answers(backend: EngineBackend, policy: str, workload: list) -> None:
+    """A few greedy answers, by an engine like the measured ones: the text a real model
+    makes (random weights and models without a chat template have none to show)."""
+    tokenizer = backend.tokenizer
+    if tokenizer is None or tokenizer.chat_template is None:
+        return
+    from sarathi_rt.sampling import SamplingParams
+
+    engine = backend.engine(policy, workload)
+    for i, question in enumerate(SAMPLE_CHATS):
+        engine.add_request(i, tokenizer.apply_chat_template([{"role": "user", "content": question}]),
+                           SamplingParams(max_tokens=48, temperature=0.0))
+    answers: dict[object, str] = {}
+    while engine.has_unfinished():
+        answers |= {out.request_id: out.text or "" for out in engine.step() if out.finished}
+    print(f"{backend.args.model} answers ({policy}, greedy):")
+    for i, question in enumerate(SAMPLE_CHATS):
+        print(f"  > {question}\n    {' '.join(answers[i].split())}")
 
 
 def format_table(summaries: dict[str, MetricsSummary]) -> str:

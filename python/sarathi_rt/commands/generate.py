@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         if len(prompts) == 1:  # stream the tokens as they come
             outs = []
             for out in llm.stream(prompts, params):
-                print(_piece(llm, out.new_token_ids), end="", flush=True)
+                piece = out.new_text if out.new_text is not None else "".join(f"{t} " for t in out.new_token_ids)
+                print(piece, end="", flush=True)
                 outs.append(out)
             print()
             outs = outs[-1:]
@@ -65,8 +66,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"{len(steps)} steps, {sum(s.num_tokens for s in steps)} tokens through the model in {elapsed:.2f} s")
     return 0
 
-
-def _piece(llm: LLM, token_ids: list[int]) -> str:
-    if llm.tokenizer is None:
-        return "".join(f"{t} " for t in token_ids)
-    return llm.tokenizer.decode(token_ids)

@@ -18,6 +18,7 @@ from sarathi_rt.scheduler.step_time import StepShape
 from sarathi_rt.step_time import OnlineStepTimeModel
 
 from .config import EngineConfig
+from .detokenizer import Detokenizer, TextDecoder
 from .executor import Executor, InProcessExecutor
 from .outputs import RequestOutput
 from .sequence import Sequence
@@ -38,12 +39,17 @@ class LLMEngine:
 
     `step_metrics` / `stage_metrics` keep the latest METRICS_WINDOW entries, so a
     long-running engine does not grow without bound; `num_steps` counts every step and
-    `steps_since(n)` returns the steps after the n-th."""
+    `steps_since(n)` returns the steps after the n-th.
+
+    With a `tokenizer` each output carries its text, decoded incrementally, and requests
+    can stop at strings (SamplingParams.stop)."""
 
     METRICS_WINDOW = 65536
 
-    def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
+    def __init__(self, config: EngineConfig, executor: Executor | None = None,
+                 tokenizer: TextDecoder | None = None) -> None:
         self.config = config
+        self.tokenizer = tokenizer
         self.model_config, _ = resolve_config(config.model)
         self.max_model_len = config.model_len(self.model_config)
         self.executor = executor if executor is not None else _default_executor(config)
@@ -85,6 +91,8 @@ class LLMEngine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("params.stop (stop strings) needs a tokenizer; this engine has none")
         tokens = self._check_prompt(prompt)
         if arrival_time is None:
             arrival_time = time.perf_counter()
@@ -101,8 +109,10 @@ class LLMEngine:
         max_new = min(params.max_tokens, self.max_model_len - len(tokens))
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         metrics = RequestMetrics(arrival_time=float(arrival_time), num_prompt_tokens=len(tokens))
+        detokenizer = None if self.tokenizer is None else \
+            Detokenizer(self.tokenizer, tokens, params.skip_special_tokens, params.stop)
         seq = Sequence(request_id, tokens, params, seed, max_new, frozenset(stops), metrics,
-                       logprobs=[] if params.logprobs else None)
+                       logprobs=[] if params.logprobs else None, detokenizer=detokenizer)
         self.scheduler.add_request(request_id, len(tokens), max_new, prompt_token_ids=tokens)  # last: it may refuse
         self._seqs[request_id] = seq
 

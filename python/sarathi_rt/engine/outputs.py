@@ -61,7 +61,9 @@ class RequestOutput:
     to own a copy). finish_reason is None while running, then "stop" (an eos or stop
     token, included in token_ids), "length" (max_tokens or the model's context
     reached) or "abort". `logprobs` (one per token in token_ids) when
-    SamplingParams.logprobs; `text` when the LLM has a tokenizer and has finished."""
+    SamplingParams.logprobs. With a tokenizer, `text` is the text generated so far and
+    `new_text` what this output adds to it (the stream's delta; it can be empty while a
+    character or a possible stop string is incomplete); without one both are None."""
 
     request_id: Hashable
     prompt_token_ids: list[int]
@@ -72,6 +74,7 @@ class RequestOutput:
     metrics: RequestMetrics
     logprobs: Sequence[float] | None = None
     text: str | None = None
+    new_text: str | None = None
 
     @property
     def num_cached_tokens(self) -> int:

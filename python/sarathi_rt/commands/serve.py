@@ -1,0 +1,66 @@
+"""`sarathi-rt serve`: an OpenAI-compatible HTTP server (POST /v1/completions,
+/v1/chat/completions; GET /v1/models, /health, /metrics) on one engine. Needs the
+optional extra: pip install 'sarathi_rt[serve]'."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name, GGUF file, Hugging Face directory or "
+                                                          f"preset (default {DEFAULT_MODEL})")
+    p.add_argument("--tokenizer", default=None, help="GGUF file or directory with tokenizer.json (default: the "
+                                                     "model's own)")
+    p.add_argument("--served-model-name", default=None, help="the `model` clients name (default: --model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="answer 503 while this many requests wait for their first step")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--policy", default="sarathi")
+    p.add_argument("--token-budget", type=int, default=256)
+    p.add_argument("--chunk-size", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized from free memory")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from sarathi_rt.server import OpenAIServer
+    except ImportError as exc:
+        print(f"error: sarathi-rt serve needs FastAPI and uvicorn ({exc}); pip install 'sarathi_rt[serve]'",
+              file=sys.stderr)
+        return 2
+    import torch
+
+    from sarathi_rt.llm import LLM
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, policy=args.policy,
+                  token_budget=args.token_budget, chunk_size=args.chunk_size, max_num_seqs=args.max_num_seqs,
+                  num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len, seed=args.seed,
+                  tokenizer=args.tokenizer)
+        server = OpenAIServer(llm, args.served_model_name or str(args.model), max_waiting=args.max_waiting)
+    except (ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"sarathi-rt serve: {server.model_name} on http://{args.host}:{args.port}/v1", flush=True)
+    with llm:
+        uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=5)
+    return 0
