@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Subcommand modules, each with add_parser(subparsers) -> None and run(args) -> int.
-COMMANDS = ["demo", "generate", "bench", "capacity"]
+COMMANDS = ["demo", "generate", "bench", "capacity", "plan"]
 
 
 def main(argv: list[str] | None = None) -> int:
