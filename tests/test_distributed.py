@@ -134,6 +134,57 @@ def test_hung_worker_times_out(checkpoint, prompts) -> None:
     assert _gone(pids)
 
 
+def test_hung_tensor_rank_is_named(checkpoint, prompts) -> None:
+    """Tensor rank 0 waits on rank 1 inside the all-reduce: the hung rank is the one that
+    never began the step, and the LLM API takes worker_timeout."""
+    llm = LLM(checkpoint, tensor_parallel_size=2, worker_timeout=3, **ENGINE)
+    pids = llm.engine.executor.pids
+    try:
+        llm.engine.add_request(0, prompts[1], PARAMS)
+        llm.engine.step()  # with one stage, step() returns once every rank is idle again
+        os.kill(pids[1], signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as failure:
+            while llm.engine.has_unfinished():
+                llm.engine.step()
+        assert time.monotonic() - start < 10
+        message = str(failure.value)
+        assert "no answer from worker rank 1 (pipeline stage 0, tensor rank 1)" in message
+        assert "worker_timeout=3s" in message and "rank 0" not in message
+    finally:
+        llm.shutdown()
+    assert _gone(pids)
+
+
+def test_abort_in_flight_and_reuse_the_id(checkpoint, prompts, reference) -> None:
+    """With two micro-batches in flight, a request aborted and re-added under the same id
+    gets none of the old request's tokens."""
+    with LLM(checkpoint, pipeline_parallel_size=2, **ENGINE) as llm:
+        engine = llm.engine
+        others = {f"o{i}": p for i, p in enumerate(prompts[1:4])}
+        engine.add_request("x", prompts[0], PARAMS)
+        for request_id, prompt in others.items():
+            engine.add_request(request_id, prompt, PARAMS)
+        for _ in range(20):  # until x is in the micro-batch left in flight by step()
+            engine.step()
+            if any(e.request_id == "x" for plan, _, _ in engine._in_flight for e in plan.entries):
+                break
+        else:
+            pytest.fail("x never stayed in flight across a step")
+        engine.abort("x")
+        engine.add_request("x", prompts[0], PARAMS)
+        outs: dict[str, list] = {request_id: [] for request_id in ["x", *others]}
+        while engine.has_unfinished():
+            for out in engine.step():
+                outs[out.request_id].append(out)
+        finals = [o for o in outs["x"] if o.finished]
+        assert [o.finish_reason for o in finals] == ["abort", "length"]
+        assert finals[-1].token_ids == reference[0] and len(finals[-1].token_ids) == PARAMS.max_tokens
+        for i, request_id in enumerate(others, start=1):
+            assert [o for o in outs[request_id] if o.finished][0].token_ids == reference[i]
+        assert engine.scheduler.num_free_blocks == ENGINE["num_kv_blocks"]
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(tensor_parallel_size=3), r"tensor_parallel_size \(3\) must divide num_attention_heads \(4\)"),
     (dict(tensor_parallel_size=8), r"tensor_parallel_size \(8\) must divide num_attention_heads \(4\)"),

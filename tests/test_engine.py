@@ -3,8 +3,10 @@ stop conditions, batch invariance of seeded sampling, KV cache sizing, NVTX phas
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
+import torch
 
 import sarathi_rt.engine.llm_engine
 import sarathi_rt.engine.memory
@@ -41,7 +43,7 @@ def _assert_clean(engine: LLMEngine) -> None:
 
 
 def test_generate_outputs_and_metrics(llm: LLM) -> None:
-    before = len(llm.engine.step_metrics)
+    before = llm.engine.num_steps
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.prompt_token_ids for o in outs] == PROMPTS
     for o in outs:
@@ -51,7 +53,7 @@ def test_generate_outputs_and_metrics(llm: LLM) -> None:
         assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time == m.token_times[0]
         assert m.token_times == sorted(m.token_times) and m.finish_time == m.token_times[-1]
         assert m.ttft > 0 and len(m.tbts) == 5
-    steps = llm.engine.step_metrics[before:]
+    steps = llm.engine.steps_since(before)
     # every prompt token and every generated token but the last goes through the model once
     assert sum(s.num_tokens for s in steps) == sum(map(len, PROMPTS)) + 5 * len(PROMPTS)
     assert all(s.num_tokens <= 32 and s.duration > 0 and s.batch_size >= 1 for s in steps)
@@ -66,7 +68,8 @@ def test_generate_outputs_and_metrics(llm: LLM) -> None:
     ([1] * 1024, GREEDY, ValueError, "max_model_len"),
     ([1, 512], GREEDY, ValueError, "vocabulary"),
     ([1, -1], GREEDY, ValueError, "vocabulary"),
-    ([1, 2.0], GREEDY, ValueError, "vocabulary"),
+    ([1, 2.0], GREEDY, TypeError, "token ids must be an int, got float"),
+    ([1, 2], SamplingParams(stop_token_ids=[512]), ValueError, "stop_token_ids holds 512, outside the vocabulary"),
     ("hello", GREEDY, TypeError, "prompt"),
     (7, GREEDY, TypeError, "prompt"),
     ([1, 2], {"max_tokens": 3}, TypeError, "params"),
@@ -87,6 +90,50 @@ def test_bad_request_raises_and_the_rest_still_run(llm: LLM, prompt, params, err
     done = _drain(engine)
     assert list(done) == ["good"] and done["good"].token_ids == llm.generate([[3, 4, 5]], GREEDY)[0].token_ids
     _assert_clean(engine)
+
+
+@pytest.mark.parametrize("arrival_time", ["abc", math.nan, math.inf, True])
+def test_bad_arrival_time_registers_nothing(llm: LLM, arrival_time: object) -> None:
+    engine = llm.engine
+    with pytest.raises(ValueError, match="arrival_time must be a finite number"):
+        engine.add_request("bad", [3, 4, 5], GREEDY, arrival_time=arrival_time)
+    assert not engine.has_request("bad") and not engine.scheduler.has_unfinished()
+    engine.add_request("bad", [3, 4, 5], GREEDY)  # the id is free, and the engine still steps
+    done = _drain(engine)
+    assert list(done) == ["bad"] and len(done["bad"].token_ids) == GREEDY.max_tokens
+    _assert_clean(engine)
+
+
+def test_integer_scalar_token_ids_are_accepted(llm: LLM) -> None:
+    np = pytest.importorskip("numpy")
+    as_numpy = llm.generate([np.array([3, 4, 5], dtype=np.int32)], GREEDY, use_tqdm=False)[0]
+    as_scalars = llm.generate([[np.int64(3), np.int16(4), torch.tensor(5)]], GREEDY, use_tqdm=False)[0]
+    assert as_numpy.token_ids == as_scalars.token_ids == llm.generate([[3, 4, 5]], GREEDY)[0].token_ids
+    assert as_numpy.prompt_token_ids == [3, 4, 5] and all(type(t) is int for t in as_scalars.prompt_token_ids)
+
+
+def test_outputs_are_snapshots_not_copies(llm: LLM) -> None:
+    """Each step's output sees the tokens generated so far, and only those, without the
+    engine copying the whole output every step."""
+    snapshots = [out.token_ids for out in llm.stream([[3, 4, 5]], SamplingParams(temperature=0.0, max_tokens=8))]
+    assert [len(s) for s in snapshots] == list(range(1, 9))
+    final = list(snapshots[-1])
+    for s in snapshots:
+        assert list(s) == final[:len(s)] and s == final[:len(s)] and s[-1] == final[len(s) - 1]
+    with pytest.raises(IndexError):
+        snapshots[0][1]
+
+
+def test_step_metrics_window_is_bounded(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import deque
+    engine = llm.engine
+    monkeypatch.setattr(engine, "step_metrics", deque(maxlen=4))
+    before = engine.num_steps
+    llm.generate([[3, 4, 5]], SamplingParams(temperature=0.0, max_tokens=10), use_tqdm=False)
+    assert engine.num_steps - before >= 10 and len(engine.step_metrics) == 4
+    assert engine.steps_since(engine.num_steps - 3) == list(engine.step_metrics)[1:]
+    with pytest.raises(ValueError, match="window"):
+        engine.steps_since(before)
 
 
 def test_abort_mid_run_frees_blocks_and_reports(llm: LLM) -> None:
@@ -184,6 +231,33 @@ def test_kv_cache_sized_from_free_memory(monkeypatch: pytest.MonkeyPatch) -> Non
         auto_num_blocks(shape, llm.engine.config.device, 100, 1024, fraction=0.2)
 
 
+def test_cpu_kv_cache_default_is_capped_not_half_of_ram(monkeypatch: pytest.MonkeyPatch) -> None:
+    shape = KVCacheShape(30, 16, 3, 64)  # a 135M-parameter model's cache: 46 KiB per token
+    monkeypatch.setattr(sarathi_rt.engine.memory, "available_bytes", lambda device: 64 << 30)
+    cpu = torch.device("cpu")
+    blocks = auto_num_blocks(shape, cpu, 128, 8192)
+    assert blocks == sarathi_rt.engine.memory.CPU_KV_CACHE_BYTES // shape.bytes_per_block
+    assert auto_num_blocks(shape, cpu, 2, 1024) == 2 * 1024 // 16  # what the engine can use
+    assert auto_num_blocks(shape, cpu, 128, 8192, fraction=0.9) == 128 * 8192 // 16  # asked for explicitly
+
+
+def test_max_num_seqs_defaults_to_at_most_the_budget() -> None:
+    assert LLM("tiny", token_budget=32, num_kv_blocks=8).engine.config.max_num_seqs == 32
+    assert LLM("tiny", token_budget=4096, num_kv_blocks=8).engine.config.max_num_seqs == 128
+
+
+def test_unwritten_cache_slots_are_never_read() -> None:
+    """The cache is allocated without zero-filling: poison every slot with NaN and the
+    outputs stay those of a fresh engine (no kernel reads a slot before writing it)."""
+    kwargs = dict(num_kv_blocks=64, block_size=8, token_budget=32, chunk_size=16, max_num_seqs=8)
+    expected = [o.token_ids for o in LLM("tiny", **kwargs).generate(PROMPTS, GREEDY, use_tqdm=False)]
+    poisoned = LLM("tiny", **kwargs)
+    cache = poisoned.engine.executor.worker.kv_cache
+    for t in cache.k + cache.v:
+        t.fill_(float("nan"))
+    assert [o.token_ids for o in poisoned.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(device="tpu"), "device"), (dict(dtype="int8"), "dtype"), (dict(token_budget=0), "token_budget"),
     (dict(tile_size="big"), "tile_size"), (dict(seed=-1), "seed"), (dict(policy="fastest"), "policy"),
@@ -216,7 +290,7 @@ def test_nvtx_phases(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
         seen.append(phase or name)
         return nullcontext()
 
-    for module in (sarathi_rt.engine.llm_engine, sarathi_rt.engine.model_runner, sarathi_rt.engine.sampler,
+    for module in (sarathi_rt.engine.llm_engine, sarathi_rt.engine.worker, sarathi_rt.engine.sampler,
                    sarathi_rt.models.llama):
         monkeypatch.setattr(module, "nvtx_range", record)
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=2))

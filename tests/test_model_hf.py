@@ -49,14 +49,16 @@ def test_greedy_matches_transformers_under_preemption(hf: HFModel) -> None:
 
 def _prefill_logits(llm: LLM, prompt: list[int], chunk: int) -> torch.Tensor:
     """Last-token logits of `prompt` prefilled in chunks of `chunk` through the runner."""
-    runner = llm.engine.executor.worker.runner
+    worker = llm.engine.executor.worker
     blocks = list(range(-(-len(prompt) // llm.engine.config.block_size)))
     logits = None
     for start in range(0, len(prompt), chunk):
         piece = prompt[start:start + chunk]
         last = start + len(piece) == len(prompt)
         row = RowSampling(0.0, None, 1.0, 0, 0) if last else None
-        logits = runner.run(StepInput(0, [SequenceChunk("r", piece, start, blocks, row)]))
+        input_ids, ctx = worker.runner.prepare(StepInput(0, [SequenceChunk("r", piece, start, blocks, row)]))
+        with torch.inference_mode():
+            logits = worker.model.compute_logits(*worker.model(ctx, input_ids=input_ids), ctx)
     return logits[0].double()
 
 

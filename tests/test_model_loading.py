@@ -103,6 +103,11 @@ def test_broken_checkpoints_are_rejected(hf: HFModel, tmp_path) -> None:
         load_model(str(empty))
     with pytest.raises(ValueError, match="config.json"):
         load_model(str(tmp_path))
+    truncated = _copy_with(hf, tmp_path / "d", lambda t: None)
+    with open(f"{truncated}/model.safetensors", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 64)
+    with pytest.raises(ValueError, match=r"model.safetensors is truncated: tensor '.*' ends past the end"):
+        load_model(truncated)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("bfloat16", 0.05), ("float16", 0.01)])

@@ -16,12 +16,20 @@ from sarathi_rt.engine.sampler import row_seed
     ("temperature", -0.1), ("temperature", math.nan), ("temperature", math.inf), ("temperature", "1"),
     ("top_k", 0), ("top_k", -1), ("top_k", 1.5),
     ("top_p", 0.0), ("top_p", 1.01), ("top_p", -0.5), ("top_p", None),
-    ("seed", -1), ("seed", 0.5), ("stop_token_ids", "12"), ("stop_token_ids", [1, -2]),
+    ("seed", -1), ("seed", 0.5), ("seed", 2**64), ("stop_token_ids", "12"), ("stop_token_ids", [1, -2]),
     ("stop_token_ids", [1.0]), ("stop_token_ids", 7), ("ignore_eos", "yes"), ("logprobs", 1),
 ])
 def test_invalid_params_name_the_field(field: str, value: object) -> None:
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises((ValueError, TypeError), match=field):
         SamplingParams(**{field: value})
+
+
+def test_integer_scalars_are_ints() -> None:
+    np = pytest.importorskip("numpy")
+    p = SamplingParams(max_tokens=np.int64(4), seed=np.uint64(2**64 - 1), stop_token_ids=np.array([3, 4]))
+    assert p.max_tokens == 4 and type(p.max_tokens) is int
+    assert p.seed == 2**64 - 1 and p.stop_token_ids == (3, 4)
+    assert row_seed(2**64 - 1, 0) != row_seed(0, 0)
 
 
 def test_params_normalise_stop_ids() -> None:

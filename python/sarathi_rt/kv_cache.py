@@ -36,7 +36,11 @@ class KVCacheShape:
 
 
 class KVCache:
-    """Per-layer K and V tensors [num_blocks, block_size, num_kv_heads, head_dim]."""
+    """Per-layer K and V tensors [num_blocks, block_size, num_kv_heads, head_dim].
+
+    The storage is left uninitialised: the kernels read a slot only after this step or
+    an earlier one wrote it, and on the CPU untouched pages then cost no time at start-up
+    and no physical memory until used."""
 
     def __init__(self, shape: KVCacheShape, num_blocks: int, device: torch.device | str = "cpu") -> None:
         if num_blocks < 1:
@@ -44,8 +48,8 @@ class KVCache:
         self.shape = shape
         self.num_blocks = num_blocks
         dims = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
-        self.k = [torch.zeros(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
-        self.v = [torch.zeros(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
+        self.k = [torch.empty(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
+        self.v = [torch.empty(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[index], self.v[index]

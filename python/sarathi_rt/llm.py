@@ -28,16 +28,16 @@ class LLM:
 
     def __init__(self, model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                  policy: str = "sarathi", token_budget: int = 512, chunk_size: int | None = None,
-                 max_num_seqs: int = 128, block_size: int = 16, num_kv_blocks: int | None = None,
+                 max_num_seqs: int | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  tile_size: int | str | None = None, seed: int = 0, max_model_len: int | None = None,
                  kv_memory_fraction: float | None = None, tensor_parallel_size: int = 1,
-                 pipeline_parallel_size: int = 1) -> None:
+                 pipeline_parallel_size: int = 1, worker_timeout: float = 300.0) -> None:
         config = EngineConfig(model=model, device=device, dtype=dtype, policy=policy, token_budget=token_budget,
                               chunk_size=chunk_size, max_num_seqs=max_num_seqs, block_size=block_size,
                               num_kv_blocks=num_kv_blocks, tile_size=tile_size, seed=seed,
                               max_model_len=max_model_len, kv_memory_fraction=kv_memory_fraction,
                               tensor_parallel_size=tensor_parallel_size,
-                              pipeline_parallel_size=pipeline_parallel_size)
+                              pipeline_parallel_size=pipeline_parallel_size, worker_timeout=worker_timeout)
         self.engine = LLMEngine(config)
         self.tokenizer = _load_tokenizer(Path(model))
         self._ids = itertools.count()
@@ -93,7 +93,7 @@ class LLM:
 
     def _finish(self, out: RequestOutput) -> RequestOutput:
         if out.finished and self.tokenizer is not None:
-            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            out.text = self.tokenizer.decode(list(out.token_ids), skip_special_tokens=True)
         return out
 
     # ------------------------------------------------------------------ running

@@ -50,7 +50,7 @@ def replay(engine: LLMEngine, workload: Sequence[RequestSpec], *, seed: int = 0,
     prompts = {r.request_id: synthetic_prompt(r, vocab, seed) for r in workload}
     done: dict[object, RequestMetrics] = {}
     pending = deque(workload)
-    first_step = len(engine.step_metrics)
+    first_step = engine.num_steps
     t0 = time.perf_counter()
     while pending or engine.has_unfinished():
         now = time.perf_counter()
@@ -68,4 +68,4 @@ def replay(engine: LLMEngine, workload: Sequence[RequestSpec], *, seed: int = 0,
                 finished += 1
         if progress is not None and finished:
             progress(finished)
-    return [done[r.request_id] for r in workload], list(engine.step_metrics[first_step:])
+    return [done[r.request_id] for r in workload], engine.steps_since(first_step)

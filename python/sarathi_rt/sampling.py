@@ -2,13 +2,30 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Iterable
 
+SEED_LIMIT = 2**64  # seeds are mixed as 64-bit words: a larger one would alias a smaller
 
-def _int(name: str, value: object, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+def as_int(name: str, value: object) -> int:
+    """`value` as a Python int: ints and integer scalars (numpy.int64, a 0-d integer
+    tensor) pass, bools and anything else raise TypeError naming `name`."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got a bool ({value!r})")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def _int(name: str, value: object, minimum: int, limit: int | None = None) -> int:
+    number = as_int(name, value)
+    if number < minimum or (limit is not None and number >= limit):
+        bound = f"in [{minimum}, {limit})" if limit is not None else f">= {minimum}"
+        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -19,7 +36,7 @@ class SamplingParams:
     logits are divided by it before top_k (keep the k most likely; None keeps all) and
     top_p (keep the smallest set whose probability reaches p). seed: makes a sampled
     request reproducible, whatever else shares its batches; None draws one from the
-    engine's seed. Generation stops at max_tokens, at any of stop_token_ids, or at the
+    engine's seed (seeds lie in [0, 2**64)). Generation stops at max_tokens, at any of stop_token_ids, or at the
     model's end-of-sequence ids unless ignore_eos. logprobs: also return the log
     probability of each generated token under the model's unmodified distribution.
     """
@@ -34,21 +51,19 @@ class SamplingParams:
     logprobs: bool = False
 
     def __post_init__(self) -> None:
-        _int("max_tokens", self.max_tokens, 1)
+        object.__setattr__(self, "max_tokens", _int("max_tokens", self.max_tokens, 1))
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or \
                 not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if self.top_k is not None:
-            _int("top_k", self.top_k, 1)
+            object.__setattr__(self, "top_k", _int("top_k", self.top_k, 1))
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None:
-            _int("seed", self.seed, 0)
+            object.__setattr__(self, "seed", _int("seed", self.seed, 0, SEED_LIMIT))
         if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable):
             raise ValueError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}")
-        stops = tuple(self.stop_token_ids)
-        for t in stops:
-            _int("stop_token_ids entries", t, 0)
+        stops = tuple(_int("stop_token_ids entries", t, 0) for t in self.stop_token_ids)
         object.__setattr__(self, "stop_token_ids", stops)
         for name in ("ignore_eos", "logprobs"):
             if not isinstance(getattr(self, name), bool):

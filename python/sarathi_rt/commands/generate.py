@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         text = f"\n    text: {out.text!r}" if out.text is not None else ""
         print(f"[{i}] {len(out.token_ids)} tokens, finish_reason={out.finish_reason}, "
               f"ttft={out.metrics.ttft * 1e3:.1f} ms\n    ids: {' '.join(map(str, out.token_ids))}{text}")
-    steps = llm.engine.step_metrics
+    steps = llm.engine.step_metrics  # the latest METRICS_WINDOW steps
     print(f"{len(steps)} steps, {sum(s.num_tokens for s in steps)} tokens through the model in {elapsed:.2f} s")
     return 0
 

@@ -9,6 +9,9 @@ import torch
 from sarathi_rt.models import ModelConfig, parse_dtype
 
 
+DEFAULT_MAX_NUM_SEQS = 128
+
+
 def _positive(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -17,9 +20,11 @@ def _positive(name: str, value: object) -> None:
 @dataclass(frozen=True)
 class EngineConfig:
     """model: a Hugging Face directory or a preset name (tiny, cpu-small, llama3-8b).
-    chunk_size None means the token budget. num_kv_blocks None sizes the cache from
-    free memory: kv_memory_fraction of it (0.5 of MemAvailable on CPU, 0.9 of free
-    GPU memory), capped at what max_num_seqs full-length requests can use. tile_size:
+    chunk_size None means the token budget. max_num_seqs None means
+    min(DEFAULT_MAX_NUM_SEQS, token_budget) (a step carries every running decode).
+    num_kv_blocks None sizes the cache for what max_num_seqs full-length requests can
+    use, capped by kv_memory_fraction of free memory (0.9 of free GPU memory; on the CPU
+    0.5 of MemAvailable and at most 4 GiB, see engine.memory). tile_size:
     None, an int, or "auto" (the GEMM tile the ops choose for this model, if any).
     max_model_len None means the model's max_position_embeddings. seed picks the random
     weights of a preset and the seeds of requests that bring none.
@@ -34,7 +39,7 @@ class EngineConfig:
     policy: str = "sarathi"
     token_budget: int = 512
     chunk_size: int | None = None
-    max_num_seqs: int = 128
+    max_num_seqs: int | None = None
     block_size: int = 16
     num_kv_blocks: int | None = None
     tile_size: int | str | None = None
@@ -46,6 +51,8 @@ class EngineConfig:
     worker_timeout: float = 300.0
 
     def __post_init__(self) -> None:
+        if self.max_num_seqs is None and isinstance(self.token_budget, int):
+            object.__setattr__(self, "max_num_seqs", min(DEFAULT_MAX_NUM_SEQS, self.token_budget))
         if not isinstance(self.model, (str, Path)) or not str(self.model):
             raise ValueError(f"model must be a directory path or a preset name, got {self.model!r}")
         try:

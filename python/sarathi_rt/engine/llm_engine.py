@@ -1,6 +1,8 @@
 """The driver: requests in, a BatchPlan per step, StepInputs to the executor, tokens out."""
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import time
 from collections import deque
@@ -10,7 +12,7 @@ from typing import Hashable
 from sarathi_rt.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeline_wait
 from sarathi_rt.models import resolve_config
 from sarathi_rt.profiling import nvtx_range
-from sarathi_rt.sampling import SamplingParams
+from sarathi_rt.sampling import SamplingParams, as_int
 from sarathi_rt.scheduler import BatchPlan, SchedulerConfig, create_scheduler
 
 from .config import EngineConfig
@@ -30,7 +32,13 @@ class LLMEngine:
 
     With pipeline parallelism the engine keeps as many plans (micro-batches) in flight
     as the executor has stages, a request in at most one of them; each step() then
-    completes the oldest. `stage_metrics` gets each stage's busy/idle time per step."""
+    completes the oldest. `stage_metrics` gets each stage's busy/idle time per step.
+
+    `step_metrics` / `stage_metrics` keep the latest METRICS_WINDOW entries, so a
+    long-running engine does not grow without bound; `num_steps` counts every step and
+    `steps_since(n)` returns the steps after the n-th."""
+
+    METRICS_WINDOW = 65536
 
     def __init__(self, config: EngineConfig, executor: Executor | None = None) -> None:
         self.config = config
@@ -46,9 +54,12 @@ class LLMEngine:
             max_partial_prefills=config.pipeline_parallel_size,
             tile_size=resolve_tile_size(config.tile_size, self.model_config, config))
         self.scheduler = create_scheduler(self.scheduler_config)
-        self.step_metrics: list[StepMetrics] = []
-        self.stage_metrics: list[StageMetrics] = []
-        self._in_flight: deque[tuple[BatchPlan, float]] = deque()
+        self.step_metrics: deque[StepMetrics] = deque(maxlen=self.METRICS_WINDOW)
+        self.stage_metrics: deque[StageMetrics] = deque(maxlen=self.METRICS_WINDOW)
+        self.num_steps = 0
+        # Each plan in flight keeps the Sequence of every entry: a request aborted (and
+        # its id reused) while the plan runs must not receive that plan's token.
+        self._in_flight: deque[tuple[BatchPlan, list[Sequence], float]] = deque()
         self._failure: BaseException | None = None
         self._seqs: dict[Hashable, Sequence] = {}
         self._aborted: list[RequestOutput] = []
@@ -57,7 +68,9 @@ class LLMEngine:
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: Hashable, prompt: Seq[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
-        """Queue a prompt (token ids). arrival_time defaults to now (time.perf_counter)."""
+        """Queue a prompt (token ids). arrival_time defaults to now (time.perf_counter).
+        Everything is checked before the request is registered, so a bad one leaves no
+        trace."""
         try:
             hash(request_id)
         except TypeError:
@@ -68,33 +81,41 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         tokens = self._check_prompt(prompt)
-        max_new = min(params.max_tokens, self.max_model_len - len(tokens))
-        self.scheduler.add_request(request_id, len(tokens), max_new)
+        if arrival_time is None:
+            arrival_time = time.perf_counter()
+        elif isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) \
+                or not math.isfinite(arrival_time):
+            raise ValueError(f"arrival_time must be a finite number of seconds, got {arrival_time!r}")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:
+            raise ValueError(f"params.stop_token_ids holds {bad[0]}, outside the vocabulary [0, {vocab})")
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops.update(self.model_config.eos_token_ids)
+        max_new = min(params.max_tokens, self.max_model_len - len(tokens))
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-        now = time.perf_counter()
-        metrics = RequestMetrics(arrival_time=now if arrival_time is None else float(arrival_time),
-                                 num_prompt_tokens=len(tokens))
-        self._seqs[request_id] = Sequence(request_id, tokens, params, seed, max_new, frozenset(stops), metrics,
-                                          logprobs=[] if params.logprobs else None)
+        metrics = RequestMetrics(arrival_time=float(arrival_time), num_prompt_tokens=len(tokens))
+        seq = Sequence(request_id, tokens, params, seed, max_new, frozenset(stops), metrics,
+                       logprobs=[] if params.logprobs else None)
+        self.scheduler.add_request(request_id, len(tokens), max_new)  # last: it may refuse
+        self._seqs[request_id] = seq
 
     def _check_prompt(self, prompt: object) -> list[int]:
         if hasattr(prompt, "tolist"):  # a tensor or an array of ids
             prompt = prompt.tolist()
         if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Seq):
             raise TypeError(f"prompt must be a sequence of token ids, got {type(prompt).__name__}")
-        tokens = list(prompt)
+        tokens = [as_int("prompt token ids", t) for t in prompt]
         if not tokens:
             raise ValueError("prompt must not be empty")
         if len(tokens) >= self.max_model_len:
             raise ValueError(f"prompt has {len(tokens)} tokens; the model's context (max_model_len="
                              f"{self.max_model_len}) leaves no room to generate")
         vocab = self.model_config.vocab_size
-        for t in tokens:
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
-                raise ValueError(f"prompt holds token id {t!r}, outside the vocabulary [0, {vocab})")
+        if min(tokens) < 0 or max(tokens) >= vocab:
+            bad = next(t for t in tokens if not 0 <= t < vocab)
+            raise ValueError(f"prompt holds token id {bad}, outside the vocabulary [0, {vocab})")
         return tokens
 
     def abort(self, request_id: Hashable) -> None:
@@ -106,7 +127,7 @@ class LLMEngine:
         self.scheduler.release(request_id)
         seq.finish_reason = "abort"
         seq.metrics.finish_time = time.perf_counter()
-        self._aborted.append(seq.to_output([]))
+        self._aborted.append(seq.to_output(0))
 
     def has_request(self, request_id: Hashable) -> bool:
         """True while the request is queued or running (not finished or aborted)."""
@@ -118,6 +139,14 @@ class LLMEngine:
     @property
     def num_unfinished(self) -> int:
         return len(self._seqs)
+
+    def steps_since(self, num_steps: int) -> list[StepMetrics]:
+        """The metrics of the steps after the first `num_steps` (a past `self.num_steps`)."""
+        count = self.num_steps - num_steps
+        if not 0 <= count <= len(self.step_metrics):
+            raise ValueError(f"steps after {num_steps} are not all in the window of the last "
+                             f"{len(self.step_metrics)} of {self.num_steps} steps")
+        return list(itertools.islice(self.step_metrics, len(self.step_metrics) - count, None))
 
     # --------------------------------------------------------------------- steps
     def step(self) -> list[RequestOutput]:
@@ -131,8 +160,8 @@ class LLMEngine:
             while len(self._in_flight) < self.executor.pipeline_depth and self._submit_next():
                 pass
             if self._in_flight:
-                plan, start = self._in_flight.popleft()
-                outputs += self._process(plan, self.executor.collect(), start)
+                plan, seqs, start = self._in_flight.popleft()
+                outputs += self._process(plan, seqs, self.executor.collect(), start)
         except Exception as exc:  # the plans in flight are lost: the engine cannot go on
             self._failure = exc
             raise
@@ -148,18 +177,18 @@ class LLMEngine:
         if plan.is_empty:
             self.scheduler.update(plan)
             return False
-        self.executor.submit(self._step_input(plan, start))
-        self._in_flight.append((plan, start))
+        seqs = [self._seqs[e.request_id] for e in plan.entries]
+        self.executor.submit(self._step_input(plan, seqs, start))
+        self._in_flight.append((plan, seqs, start))
         return True
 
     def shutdown(self) -> None:
         """Stop the executor's workers (idempotent); the engine cannot step afterwards."""
         self.executor.shutdown()
 
-    def _step_input(self, plan: BatchPlan, start: float) -> StepInput:
+    def _step_input(self, plan: BatchPlan, seqs: list[Sequence], start: float) -> StepInput:
         chunks = []
-        for e in plan.entries:
-            seq = self._seqs[e.request_id]
+        for e, seq in zip(plan.entries, seqs):
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = start
             chunks.append(SequenceChunk(e.request_id, seq.tokens(e.start_pos, e.num_tokens), e.start_pos,
@@ -167,36 +196,36 @@ class LLMEngine:
                                         seq.row_sampling() if e.emits_token else None))
         return StepInput(plan.step, chunks)
 
-    def _process(self, plan: BatchPlan, out: StepOutput, start: float) -> list[RequestOutput]:
+    def _process(self, plan: BatchPlan, seqs: list[Sequence], out: StepOutput,
+                 start: float) -> list[RequestOutput]:
         now = time.perf_counter()
-        emitting = [e for e in plan.entries if e.emits_token]
+        emitting = [(e, seq) for e, seq in zip(plan.entries, seqs) if e.emits_token]
         if len(out.token_ids) != len(emitting):
             raise RuntimeError(f"executor returned {len(out.token_ids)} tokens for {len(emitting)} rows")
         stopped, updated = [], []
         self.stage_metrics.extend(out.stages)
         waited = pipeline_wait(out.stages)
-        for e in plan.entries if waited else ():
-            if e.request_id in self._seqs:
-                self._seqs[e.request_id].metrics.bubble_time += waited
-        for e, token, logprob in zip(emitting, out.token_ids, out.logprobs):
-            seq = self._seqs.get(e.request_id)
-            if seq is None:  # aborted while this step ran
+        for seq in seqs if waited else ():
+            seq.metrics.bubble_time += waited
+        for (e, seq), token, logprob in zip(emitting, out.token_ids, out.logprobs):
+            if seq.finish_reason == "abort":  # aborted while this step ran
                 continue
             seq.append(token, logprob, now)
-            updated.append((seq, token))
+            updated.append(seq)
             if seq.finish_reason == "stop":
                 stopped.append(e.request_id)
         finished = set(self.scheduler.update(plan, stopped))
         outputs = []
-        for seq, token in updated:
+        for seq in updated:
             if seq.request_id in finished:
                 seq.finish_reason = seq.finish_reason or "length"
                 seq.metrics.finish_time = now
                 del self._seqs[seq.request_id]
                 self.scheduler.release(seq.request_id)
-            outputs.append(seq.to_output([token]))
+            outputs.append(seq.to_output(1))
         self.step_metrics.append(StepMetrics(start, now - start, plan.num_tokens, plan.num_prefill_tokens,
                                              plan.num_decode_tokens, len(plan.entries), plan.tile_padding))
+        self.num_steps += 1
         return outputs
 
 

@@ -5,7 +5,6 @@ import torch
 
 from sarathi_rt import ops
 from sarathi_rt.models import LlamaForCausalLM, StepContext
-from sarathi_rt.profiling import nvtx_range
 
 from .step_io import StepInput
 
@@ -87,12 +86,3 @@ class ModelRunner:
         self._plan = ops.plan_attention(cu_seqlens_q, seqlens_k, block_tables, attn.k_cache, attn.num_heads,
                                         plan=self._plan, max_batch=self._plan_size[0], max_tokens=self._plan_size[1])
         return self._plan
-
-    @torch.inference_mode()
-    def run(self, step: StepInput) -> torch.Tensor:
-        """float32 logits [chunks that sample, vocab] (the whole pipeline in one stage)."""
-        with nvtx_range("prepare"):
-            input_ids, ctx = self.prepare(step)
-        with nvtx_range("forward"):
-            hidden, residual = self.model(ctx, input_ids=input_ids)
-            return self.model.compute_logits(hidden, residual, ctx)

@@ -7,7 +7,7 @@ from typing import Hashable
 from sarathi_rt.metrics import RequestMetrics
 from sarathi_rt.sampling import SamplingParams
 
-from .outputs import RequestOutput
+from .outputs import Prefix, RequestOutput
 from .step_io import RowSampling
 
 
@@ -52,7 +52,9 @@ class Sequence:
         elif len(self.output) >= self.max_new_tokens:
             self.finish_reason = "length"
 
-    def to_output(self, new_tokens: list[int]) -> RequestOutput:
-        return RequestOutput(self.request_id, self.prompt, new_tokens, list(self.output),
+    def to_output(self, num_new: int) -> RequestOutput:
+        """A snapshot after a step that generated the last `num_new` tokens."""
+        out = self.output
+        return RequestOutput(self.request_id, self.prompt, out[len(out) - num_new:], Prefix(out),
                              self.finish_reason is not None, self.finish_reason, self.metrics,
-                             None if self.logprobs is None else list(self.logprobs))
+                             None if self.logprobs is None else Prefix(self.logprobs))

@@ -1,31 +1,43 @@
-"""One worker: a model stage, its KV cache, the model runner and the sampler."""
+"""One worker: a model stage, its KV cache, the model runner and the sampler. Every
+executor (in-process, tensor/pipeline-parallel worker processes) runs a step through
+`Worker.execute`, so there is one step path."""
 from __future__ import annotations
+
+import time
 
 import torch
 
 from sarathi_rt.kv_cache import KVCache, KVCacheShape
 from sarathi_rt.models import ParallelLayout, load_model
+from sarathi_rt.profiling import nvtx_range
 
 from .config import EngineConfig
 from .memory import auto_num_blocks
 from .model_runner import ModelRunner
 from .sampler import Sampler
-from .step_io import StepInput, StepOutput
+from .step_io import RowSampling, SequenceChunk, StepInput, StepOutput
+
+# What a stage before the last hands the next one: (hidden, residual).
+Activations = tuple[torch.Tensor, torch.Tensor]
 
 
 class Worker:
     """Holds the weights of its (tensor rank, pipeline stage) shard and the KV blocks of
     its layers; block ids are shared by every worker, so one scheduler serves them all.
 
-    `num_kv_blocks` is what fits here (config.num_kv_blocks, or `kv_memory_fraction` of
-    free memory, config.kv_memory_fraction when None). With allocate=False the cache
-    waits for `allocate_kv_cache`, so that workers can agree on the smallest count."""
+    `num_kv_blocks` is what fits here (config.num_kv_blocks, or what the engine can use,
+    see `auto_num_blocks`). With allocate=False the cache waits for `allocate_kv_cache`,
+    so that workers can agree on the smallest count. `startup_seconds` records where
+    start-up went: weights, kv_cache, warm_up."""
 
     def __init__(self, config: EngineConfig, layout: ParallelLayout | None = None, *,
                  kv_memory_fraction: float | None = None, allocate: bool = True) -> None:
         self.config = config
+        start = time.perf_counter()
         self.model = load_model(config.model, config.dtype, config.device, layout, config.seed)
+        self.startup_seconds = {"weights": time.perf_counter() - start}
         shard = self.model.shard
+        self.is_first, self.is_last = shard.is_first, shard.is_last
         self.kv_shape = KVCacheShape(len(shard.layers), config.block_size, shard.num_kv_heads, shard.head_dim,
                                      config.dtype)
         self.max_model_len = config.model_len(self.model.config)
@@ -37,17 +49,50 @@ class Worker:
             self.allocate_kv_cache(self.num_kv_blocks)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Allocate `num_blocks` blocks, then run one warm-up token through the stage."""
         if not 1 <= num_blocks <= self.num_kv_blocks:
             raise ValueError(f"num_blocks must be in [1, {self.num_kv_blocks}], got {num_blocks}")
+        start = time.perf_counter()
         self.num_kv_blocks = num_blocks
         self.kv_cache = KVCache(self.kv_shape, num_blocks, self.config.device)
         self.model.bind_kv_cache(self.kv_cache)
         self.runner = ModelRunner(self.model, self.config.block_size, self.config.max_num_seqs,
                                   self.config.token_budget)
+        self.startup_seconds["kv_cache"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self._warm_up()
+        self.startup_seconds["warm_up"] = time.perf_counter() - start
 
     @torch.inference_mode()
-    def execute(self, step: StepInput) -> StepOutput:
-        logits = self.runner.run(step)
-        rows = [c.sampling for c in step.chunks if c.sampling is not None]
-        token_ids, logprobs = self.sampler(logits, rows)
+    def execute(self, step: StepInput, intermediate: Activations | None = None
+                ) -> StepOutput | Activations | None:
+        """Run this worker's stage of one step. Stages before the last return their
+        activations for the next stage (which passes them as `intermediate`); the last
+        stage returns the sampled tokens, on tensor rank 0 only (None elsewhere: the
+        other ranks hold no full logits)."""
+        with nvtx_range("prepare"):
+            input_ids, ctx = self.runner.prepare(step)
+        with nvtx_range("forward"):
+            hidden, residual = self.model(ctx, input_ids=input_ids if self.is_first else None,
+                                          intermediate=intermediate)
+        if not self.is_last:
+            assert residual is not None  # every stage runs at least one layer
+            return hidden, residual
+        logits = self.model.compute_logits(hidden, residual, ctx)
+        if logits is None:
+            return None
+        token_ids, logprobs = self.sampler(logits, [c.sampling for c in step.chunks if c.sampling is not None])
         return StepOutput(step.step, token_ids, logprobs)
+
+    def _warm_up(self) -> None:
+        """One token through this stage (its layers, logits and sampling), so one-off
+        costs (lazy initialisation, first allocations) fall in start-up rather than in
+        the first request's time to first token. It writes block 0's first slot, which
+        a request overwrites before reading it."""
+        step = StepInput(0, [SequenceChunk("warm-up", [0], 0, [0], RowSampling(0.0, None, 1.0, 0, 0))])
+        intermediate = None
+        if not self.is_first:
+            zeros = torch.zeros(1, self.model.config.hidden_size, dtype=self.model.dtype,
+                                device=self.config.device)
+            intermediate = (zeros, zeros)
+        self.execute(step, intermediate)

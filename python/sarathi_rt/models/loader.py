@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import zlib
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -15,8 +16,11 @@ from safetensors import safe_open
 from .config import ModelConfig
 from .llama import LlamaForCausalLM
 
-# A reader returns the tensor under an HF name, restricted to `index` (a slice tuple).
-Reader = Callable[[str, tuple[slice, ...]], torch.Tensor]
+# A reader fills `dest` with the tensor under an HF name restricted to `index` (a slice
+# tuple), raising ValueError when the shapes differ. Writing into the parameter itself
+# matters: a copy through a temporary first-touches twice as many fresh pages, which
+# costs more than the read itself.
+Reader = Callable[[str, tuple[slice, ...], torch.Tensor], None]
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _SKIPPED = re.compile(r".*rotary_emb\.inv_freq$")
@@ -73,12 +77,63 @@ def _load(model: LlamaForCausalLM, names: list[str], read: Reader) -> None:
         if _SKIPPED.fullmatch(name):
             continue
         for dest, index in _targets(model, name):
-            src = read(name, index)
-            if src.shape != dest.shape:
-                raise ValueError(f"tensor {name!r} has shape {tuple(src.shape)}, expected {tuple(dest.shape)} "
-                                 "(does config.json match the weights?)")
             with torch.no_grad():
-                dest.copy_(src)
+                read(name, index, dest)
+
+
+def _check_shape(name: str, shape: tuple[int, ...], dest: torch.Tensor) -> None:
+    if tuple(shape) != tuple(dest.shape):
+        raise ValueError(f"tensor {name!r} has shape {tuple(shape)}, expected {tuple(dest.shape)} "
+                         "(does config.json match the weights?)")
+
+
+def _sliced_shape(shape: list[int], index: tuple[slice, ...]) -> tuple[int, ...]:
+    return tuple(len(range(*s.indices(n))) for s, n in zip(index, shape)) + tuple(shape[len(index):])
+
+
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+class _SafetensorsFile:
+    """Reads row ranges of a tensor straight into their destination with one read()
+    (the page cache copies into the parameter); other slices go through safetensors."""
+
+    def __init__(self, path: Path, stack: ExitStack) -> None:
+        self.path, self.stack = path, stack
+        self.file: BinaryIO = stack.enter_context(open(path, "rb", buffering=0))
+        try:
+            (size,) = struct.unpack("<Q", self.file.read(8))
+            header = json.loads(self.file.read(size))
+        except (struct.error, ValueError) as exc:
+            raise ValueError(f"{path} is not a safetensors file ({exc})") from None
+        self.header = {k: v for k, v in header.items() if k != "__metadata__"}
+        self.data_start = 8 + size
+        file_size = self.file.seek(0, 2)
+        for name, meta in self.header.items():
+            if self.data_start + meta["data_offsets"][1] > file_size:
+                raise ValueError(f"{path} is truncated: tensor {name!r} ends past the end of the file")
+        self._lazy: object | None = None
+
+    @property
+    def lazy(self) -> Any:  # safetensors' own reader, for slices that are not row ranges
+        if self._lazy is None:
+            self._lazy = self.stack.enter_context(safe_open(str(self.path), framework="pt", device="cpu"))
+        return self._lazy
+
+    def read(self, name: str, index: tuple[slice, ...], dest: torch.Tensor) -> None:
+        meta = self.header[name]
+        shape = meta["shape"]
+        _check_shape(name, _sliced_shape(shape, index), dest)
+        rows = index[0].indices(shape[0]) if index and shape else (0, 1, 1)
+        whole_rows = rows[2] == 1 and all(s.indices(n) == (0, n, 1) for s, n in zip(index[1:], shape[1:]))
+        dtype = _SAFETENSORS_DTYPES.get(meta["dtype"])
+        if not (whole_rows and dtype == dest.dtype and dest.is_contiguous() and dest.device.type == "cpu"):
+            dest.copy_(self.lazy.get_slice(name)[index])
+            return
+        row_bytes = dest.element_size() * (dest.numel() // max(dest.shape[0], 1) if dest.dim() else 1)
+        self.file.seek(self.data_start + meta["data_offsets"][0] + rows[0] * row_bytes)
+        view = memoryview(dest.view(torch.uint8).numpy() if dest.dim() else dest.view(1).view(torch.uint8).numpy())
+        self.file.readinto(view)
 
 
 def _checkpoint_files(path: Path) -> list[Path]:
@@ -102,13 +157,13 @@ def _checkpoint_files(path: Path) -> list[Path]:
 def load_checkpoint(model: LlamaForCausalLM, path: str | Path) -> None:
     """Load a local HF safetensors checkpoint; reads only this stage's and rank's slices."""
     with ExitStack() as stack:
-        handles = {}
+        handles: dict[str, _SafetensorsFile] = {}
         for file in _checkpoint_files(Path(path)):
-            f = stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
-            handles.update({name: f for name in f.keys()})
+            f = _SafetensorsFile(file, stack)
+            handles.update({name: f for name in f.header})
 
-        def read(name: str, index: tuple[slice, ...]) -> torch.Tensor:
-            return handles[name].get_slice(name)[index]
+        def read(name: str, index: tuple[slice, ...], dest: torch.Tensor) -> None:
+            handles[name].read(name, index, dest)
 
         _load(model, sorted(handles), read)
 
@@ -149,13 +204,15 @@ def init_random(model: LlamaForCausalLM, seed: int = 0) -> None:
     device = next(model.parameters()).device
     std = model.config.initializer_range
 
-    def read(name: str, index: tuple[slice, ...]) -> torch.Tensor:
+    def read(name: str, index: tuple[slice, ...], dest: torch.Tensor) -> None:
         shape = shapes[name]
+        _check_shape(name, _sliced_shape(list(shape), index), dest)
         if name.endswith("norm.weight"):
-            return torch.ones(shape, device=device)[index]
-        if name.endswith(".bias"):
-            return torch.zeros(shape, device=device)[index]
-        gen = torch.Generator(device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
-        return torch.empty(shape, device=device).normal_(0.0, std, generator=gen)[index]
+            dest.fill_(1.0)
+        elif name.endswith(".bias"):
+            dest.zero_()
+        else:
+            gen = torch.Generator(device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+            dest.copy_(torch.empty(shape, device=device).normal_(0.0, std, generator=gen)[index])
 
     _load(model, list(shapes), read)

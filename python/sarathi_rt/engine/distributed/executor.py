@@ -15,7 +15,7 @@ import tempfile
 import time
 import weakref
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
@@ -25,7 +25,7 @@ from sarathi_rt.models import resolve_config
 from ..config import EngineConfig
 from ..memory import CPU_FRACTION
 from ..step_io import StepInput, StepOutput
-from .process import STARTUP_TIMEOUT_S, Report, WorkerSpec, worker_main
+from .process import STARTUP_TIMEOUT_S, Progress, Report, WorkerSpec, worker_main
 from .topology import Topology
 
 POLL_S = 0.05
@@ -54,9 +54,10 @@ class MultiprocessExecutor:
         tmpdir = tempfile.mkdtemp(prefix="sarathi-rt-dist-")
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(topo.world_size)]
+        self._progress = Progress(ctx.Array("q", [-1] * (2 * topo.world_size), lock=False))
         self._procs = [ctx.Process(target=worker_main, name=f"sarathi-rt-worker-{r}", daemon=True, args=(
             WorkerSpec(r, topo, config, os.path.join(tmpdir, "store"), os.getpid(), fraction),
-            self._inboxes[r], self._outbox)) for r in range(topo.world_size)]
+            self._inboxes[r], self._outbox, self._progress)) for r in range(topo.world_size)]
         self._closed: str | None = None
         self._finalizer = weakref.finalize(self, _stop, self._procs, self._inboxes, self._outbox, tmpdir)
         self._order: deque[int] = deque()
@@ -93,11 +94,9 @@ class MultiprocessExecutor:
             raise RuntimeError("collect() without a submitted step")
         step = self._order[0]
         got = self._reports[step]
-        roots = [self.topology.stage_ranks(s)[0] for s in range(self.topology.pp)]
         deadline = time.monotonic() + self._timeout
         while len(got) < self.topology.pp:
-            missing = [r for r in roots if self.topology.stage(r) not in got]
-            report = self._receive(deadline, f"step {step}", missing)
+            report = self._receive(deadline, f"step {step}", lambda: self._laggards(step))
             if report.kind != "step" or report.step not in self._reports:
                 self._fail(f"worker {self.topology.describe(report.rank)} sent an unexpected "
                            f"{report.kind!r} report for step {report.step}")
@@ -126,22 +125,29 @@ class MultiprocessExecutor:
         deadline = time.monotonic() + max(timeout, self._timeout)
         got: dict[int, Report] = {}
         while len(got) < self.topology.world_size:
-            missing = [r for r in range(self.topology.world_size) if r not in got]
-            report = self._receive(deadline, what, missing)
+            report = self._receive(deadline, what, lambda: [r for r in range(self.topology.world_size)
+                                                            if r not in got])
             if report.kind != kind:
                 self._fail(f"worker {self.topology.describe(report.rank)} sent {report.kind!r} "
                            f"while {what}")
             got[report.rank] = report
         return list(got.values())
 
-    def _receive(self, deadline: float, what: str, missing: list[int]) -> Report:
+    def _laggards(self, step: int) -> list[int]:
+        """The ranks holding up `step`: those that never began it (hung, or stuck on an
+        earlier one) if any, else those that began it but did not finish."""
+        ranks = range(self.topology.world_size)
+        unstarted = [r for r in ranks if self._progress.started(r) < step]
+        return unstarted or [r for r in ranks if self._progress.finished(r) < step]
+
+    def _receive(self, deadline: float, what: str, missing: Callable[[], list[int]]) -> Report:
         while True:
             try:
                 report = self._outbox.get(timeout=POLL_S)
             except queue.Empty:
                 self._check_alive()
                 if time.monotonic() > deadline:
-                    ranks = ", ".join(self.topology.describe(r) for r in missing)
+                    ranks = ", ".join(self.topology.describe(r) for r in missing())
                     self._fail(f"no answer from worker {ranks} within worker_timeout={self._timeout:g}s "
                                f"while {what}: the worker is hung or too slow")
                 continue

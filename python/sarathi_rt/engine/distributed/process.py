@@ -24,7 +24,7 @@ from sarathi_rt.metrics import StageMetrics
 from sarathi_rt.models import resolve_config
 
 from ..config import EngineConfig
-from ..step_io import RowSampling, SequenceChunk, StepInput, StepOutput
+from ..step_io import StepInput, StepOutput
 from ..worker import Worker
 from .topology import Topology
 
@@ -42,6 +42,24 @@ class WorkerSpec:
     kv_memory_fraction: float | None
 
 
+class Progress:
+    """Per rank, the last step it started and the last it finished, in memory shared
+    with the driver: when a step times out, the driver names the ranks that never began
+    it (hung) apart from those that began it and wait on a peer, at no cost per step."""
+
+    def __init__(self, words: Any) -> None:
+        self.words = words  # 2 x world_size signed 64-bit integers, all -1 at first
+
+    def mark(self, rank: int, step: int, done: bool) -> None:
+        self.words[2 * rank + done] = step
+
+    def started(self, rank: int) -> int:
+        return self.words[2 * rank]
+
+    def finished(self, rank: int) -> int:
+        return self.words[2 * rank + 1]
+
+
 @dataclass(frozen=True)
 class Report:
     """Worker -> driver. kind: "ready" (payload: KV blocks that fit), "allocated",
@@ -57,9 +75,9 @@ class DriverGone(Exception):
     """The driver process exited; the worker leaves quietly."""
 
 
-def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any) -> None:
+def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, progress: Progress) -> None:
     try:
-        _serve(spec, inbox, outbox)
+        _serve(spec, inbox, outbox, progress)
     except DriverGone:
         pass
     except BaseException:  # the driver turns this into a WorkerError naming the rank
@@ -81,7 +99,7 @@ def _next(inbox: Any, spec: WorkerSpec) -> Any:
                 raise DriverGone from None
 
 
-def _serve(spec: WorkerSpec, inbox: Any, outbox: Any) -> None:
+def _serve(spec: WorkerSpec, inbox: Any, outbox: Any, progress: Progress) -> None:
     topo, rank, config = spec.topology, spec.rank, spec.config
     if config.device.type == "cuda":
         device = torch.device("cuda", rank)
@@ -103,10 +121,11 @@ def _serve(spec: WorkerSpec, inbox: Any, outbox: Any) -> None:
     outbox.put(Report("ready", rank, payload=worker.num_kv_blocks))
     worker.allocate_kv_cache(_next(inbox, spec))
     stage = PipelineStage(worker, topo, rank)
-    stage.warm_up()
     outbox.put(Report("allocated", rank))
     while (step := _next(inbox, spec)) is not None:
+        progress.mark(rank, step.step, done=False)
         metrics, out = stage.run(step, received=time.perf_counter())
+        progress.mark(rank, step.step, done=True)
         if topo.tp_rank(rank) == 0:
             outbox.put(Report("step", rank, step.step, (metrics, out)))
 
@@ -124,21 +143,6 @@ class PipelineStage:
         self._last_end: float | None = None
 
     @torch.inference_mode()
-    def warm_up(self) -> None:
-        """One token through this stage's layers (and the logits' gather), without the
-        pipeline's send/recv, so that one-off costs (lazy imports, first allocations)
-        fall in start-up rather than in the first request's time to first token. It
-        writes block 0's first slot, which a request overwrites before reading."""
-        step = StepInput(0, [SequenceChunk("warm-up", [0], 0, [0], RowSampling(0.0, None, 1.0, 0, 0))])
-        input_ids, ctx = self.worker.runner.prepare(step)
-        zeros = torch.zeros(1, self.model.config.hidden_size, dtype=self.model.dtype,
-                            device=self.worker.config.device)
-        hidden, residual = self.model(ctx, input_ids=input_ids if self.prev is None else None,
-                                      intermediate=None if self.prev is None else (zeros, zeros))
-        if self.next is None:
-            self.model.compute_logits(hidden, residual, ctx)
-
-    @torch.inference_mode()
     def run(self, step: StepInput, received: float) -> tuple[StageMetrics, StepOutput | None]:
         """Run one micro-batch; `received`: when the driver's StepInput arrived."""
         intermediate = None
@@ -149,21 +153,15 @@ class PipelineStage:
             dist.recv(buf, src=self.prev)
             intermediate = (buf[0], buf[1])
         start = time.perf_counter()
-        input_ids, ctx = self.worker.runner.prepare(step)
-        hidden, residual = self.model(ctx, input_ids=input_ids if self.prev is None else None,
-                                      intermediate=intermediate)
+        result = self.worker.execute(step, intermediate)
         out = None
         if self.next is not None:
-            payload = torch.stack([hidden, residual])
+            payload = torch.stack(result)
             self._sends.append((dist.isend(payload, dst=self.next), payload))
             while len(self._sends) > self.max_sends:
                 self._sends.popleft()[0].wait()
         else:
-            logits = self.model.compute_logits(hidden, residual, ctx)
-            if logits is not None:
-                rows = [c.sampling for c in step.chunks if c.sampling is not None]
-                token_ids, logprobs = self.worker.sampler(logits, rows)
-                out = StepOutput(step.step, token_ids, logprobs)
+            out = result
         if self._cuda:  # the timing should cover the kernels, not just their launch
             torch.cuda.synchronize()
         end = time.perf_counter()
