@@ -1,6 +1,7 @@
 """Tensor and pipeline parallelism on CPU (gloo): TP=2, PP=2, TP=2 x PP=2 and TP=4 over
 2 KV heads (replicated) worker processes give the single process's greedy tokens; a
-killed or hung worker fails the engine fast and leaves no process behind; bad sizes raise naming the argument."""
+killed or hung worker fails the engine fast and leaves no process behind; bad sizes
+raise naming the argument."""
 from __future__ import annotations
 
 import multiprocessing

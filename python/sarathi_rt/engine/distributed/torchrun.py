@@ -357,6 +357,14 @@ class TorchrunExecutor:
         self._deadline = (time.monotonic() + max(timeout, self._timeout), what, [src])
         try:
             return self._inboxes[src].get(self._check)
+        except WorkerError:
+            raise
+        except Exception as exc:  # the connection broke: let the watchdog find the cause
+            settle = time.monotonic() + 2 * HEARTBEAT_STALE_S + HEARTBEAT_S
+            while self._failure is None and time.monotonic() < settle:
+                time.sleep(POLL_S)
+            self._fail(self._failure or f"the connection to worker {self.me.describe(src)} broke while "
+                                        f"{what}: {exc}")
         finally:
             self._deadline = None
 
@@ -394,11 +402,13 @@ class TorchrunExecutor:
         if me.store.add(f"{KEY}failed", 0):
             # A peer's death often surfaces first as a communication error in another
             # rank: name the silent rank as the cause when one falls silent soon.
+            # A rank that reported its error left on purpose: it is not the silent one.
             failed = [r for r in range(1, me.topo.world_size) if me.store.check([f"{KEY}error/{r}"])]
+            stopped = [r for r in stopped if r not in failed]
             settle = time.monotonic() + beats.stale + HEARTBEAT_S
             while not stopped and time.monotonic() < settle:
                 time.sleep(HEARTBEAT_S)
-                stopped = beats.stopped()
+                stopped = [r for r in beats.stopped() if r not in failed]
             error = me.store.get(f"{KEY}error/{failed[0]}").decode()
             first = f"worker {me.describe(failed[0])} failed:\n{error}"
             if not stopped:
