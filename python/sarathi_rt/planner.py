@@ -236,7 +236,7 @@ def _stage_time(cost: VidurCostModel, pp: int, num_tokens: int) -> float:
 
 
 def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -> float:
-    """Simulated QPS one replica of `cand` sustains within the SLO (5 % bracket)."""
+    """Simulated QPS one replica of `cand` sustains within the SLO (to 10 %, at most 8 runs)."""
     hardware, _ = HARDWARE[request.hardware]
     cost = VidurCostModel(request.profile, num_layers=request.num_layers, tp=cand.tp, hardware=hardware)
     # A prompt's next chunk waits for its previous one to leave the pipeline: each
@@ -254,5 +254,5 @@ def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -
         return summarize(result.requests[len(result.requests) // 2:], result.steps)
 
     start = min(request.qps, cand.max_qps_bound / 2)
-    return find_capacity(run, request.slo, policy=cand.policy, qps_start=start, rel_tol=0.05,
-                         max_probes=12).max_qps
+    return find_capacity(run, request.slo, policy=cand.policy, qps_start=start, rel_tol=0.1,
+                         max_probes=8).max_qps

@@ -37,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--top", type=int, default=5, help="plans to print")
     p.add_argument("--trace", default="sharegpt", help=f"request lengths: {', '.join(BUILTIN_TRACES)} or a CSV")
-    p.add_argument("--num-requests", type=int, default=300, help="requests per simulated run")
+    p.add_argument("--num-requests", type=int, default=200, help="requests per simulated run")
     p.add_argument("--arrival", choices=ARRIVALS, default="poisson")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the result as JSON only")
