@@ -23,6 +23,7 @@ from sarathi_rt.workloads import RequestSpec, WorkloadConfig, make_workload
 
 TP_SIZES = (1, 2, 4, 8, 16)  # those the profile has rows for are searched
 BUDGET_TILE = 128
+MIN_SPAN_S = 60.0  # seconds of arrivals per simulated run: a 10 % overload shows by then
 
 # GPUs the planner knows by name, with their memory in bytes.
 HARDWARE: dict[str, tuple[Hardware, float]] = {"a100": (A100, 80e9)}
@@ -247,10 +248,12 @@ def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -
                              max_partial_prefills=cand.pp)
 
     def run(qps: float) -> MetricsSummary:
-        # Judge the later half of the arrivals only: the first ones meet an empty
-        # system, and a queue that grows (a rate above what the replica sustains)
-        # shows most at the end of a finite trace.
-        result = simulate(make_workload(replace(workload, qps=qps)), config, cost, pipeline_stages=cand.pp)
+        # Arrivals span at least MIN_SPAN_S, and only the later half is judged: the
+        # first requests meet an empty system, and a queue that grows (a rate above
+        # what the replica sustains) needs time to push the median delay past its limit.
+        num_requests = max(workload.num_requests, math.ceil(qps * MIN_SPAN_S))
+        requests = make_workload(replace(workload, qps=qps, num_requests=num_requests))
+        result = simulate(requests, config, cost, pipeline_stages=cand.pp)
         return summarize(result.requests[len(result.requests) // 2:], result.steps)
 
     start = min(request.qps, cand.max_qps_bound / 2)
