@@ -122,6 +122,7 @@ def test_outputs_are_snapshots_not_copies(llm: LLM) -> None:
         assert list(s) == final[:len(s)] and s == final[:len(s)] and s[-1] == final[len(s) - 1]
     with pytest.raises(IndexError):
         snapshots[0][1]
+    assert [0] + snapshots[1] == [0, *final[:2]] and snapshots[1] + [0] == [*final[:2], 0]
 
 
 def test_step_metrics_window_is_bounded(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -114,3 +114,23 @@ def test_generation_on_cuda_follows_transformers(hf_cuda: HFModel, dtype: str, t
         chosen = ref.gather(1, torch.tensor(out.token_ids).unsqueeze(1)).squeeze(1)
         assert (ref.max(dim=1).values - chosen).max() < tolerance
         assert (chosen - torch.tensor(out.logprobs, dtype=torch.float64)).abs().max() < tolerance
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_layers_make_no_host_sync(hf_cuda: HFModel) -> None:
+    """Once the step context is prepared, the layers only launch work: no device-to-host
+    copy or synchronisation per layer."""
+    llm = LLM(str(hf_cuda.path), device="cuda", dtype="bfloat16", num_kv_blocks=16, block_size=16)
+    worker = llm.engine.executor.worker
+    prompt = hf_cuda.prompts[-1]
+    row = RowSampling(0.0, None, 1.0, 0, 0)
+    input_ids, ctx = worker.runner.prepare(StepInput(0, [SequenceChunk("r", prompt, 0, list(range(16)), row)]))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.inference_mode():
+            hidden, residual = worker.model(ctx, input_ids=input_ids)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert hidden.shape == (len(prompt), hf_cuda.model.config.hidden_size) and torch.isfinite(hidden).all()

@@ -1,4 +1,4 @@
-"""StepInput -> logits: builds the step context once, then runs the model."""
+"""StepInput -> the step context: built once per step and read by every layer."""
 from __future__ import annotations
 
 import torch
@@ -9,10 +9,38 @@ from sarathi_rt.models import LlamaForCausalLM, StepContext
 from .step_io import StepInput
 
 
+class _Staging:
+    """Host -> device transfer of a step's index arrays. On CUDA they go through a
+    reused pinned buffer (an asynchronous copy, no page-locking per step); the buffer is
+    rewritten only after its previous copy has finished."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device, self.dtype = device, dtype
+        self.cuda = device.type == "cuda"
+        self._pinned = torch.empty(0, dtype=dtype)
+        self._copied = torch.cuda.Event() if self.cuda else None
+
+    def to_device(self, values: list[int]) -> torch.Tensor:
+        host = torch.tensor(values, dtype=self.dtype)
+        if not self.cuda:
+            return host
+        assert self._copied is not None
+        self._copied.synchronize()
+        if self._pinned.numel() < host.numel():
+            self._pinned = torch.empty(max(host.numel(), 2 * self._pinned.numel()), dtype=self.dtype,
+                                       pin_memory=True)
+        pinned = self._pinned[:host.numel()]
+        pinned.copy_(host)
+        out = pinned.to(self.device, non_blocking=True)
+        self._copied.record()
+        return out
+
+
 class ModelRunner:
     """`max_batch` / `max_tokens` size the attention plan's buffers (a larger step
-    grows them). The plan feeds the CUDA kernel; the CPU kernel ignores plans, so on the
-    CPU one is built only when `use_attention_plan` asks for it (tests do)."""
+    grows them). prepare() validates the step once: positions against the model's
+    context, block tables against the positions, token ids against the vocabulary; the
+    layers then run on the context without checking it again."""
 
     def __init__(self, model: LlamaForCausalLM, block_size: int, max_batch: int = 1,
                  max_tokens: int = 1, use_attention_plan: bool | None = None) -> None:
@@ -24,10 +52,13 @@ class ModelRunner:
         self.use_attention_plan = self.device.type == "cuda" if use_attention_plan is None else use_attention_plan
         self._plan: ops.AttentionPlan | None = None
         self._plan_size = (max_batch, max_tokens)
+        self._int64 = _Staging(self.device, torch.int64)
+        self._int32 = _Staging(self.device, torch.int32)
 
     def prepare(self, step: StepInput) -> tuple[torch.Tensor, StepContext]:
         """Token ids and the per-step context every layer reads."""
-        if not step.chunks:
+        chunks = step.chunks
+        if not chunks:
             raise ValueError("step has no chunks")
         bs = self.block_size
         ids: list[int] = []
@@ -36,10 +67,10 @@ class ModelRunner:
         cu_seqlens = [0]
         seqlens_k: list[int] = []
         logits_rows: list[int] = []
-        width = max(len(c.block_table) for c in step.chunks)
-        tables = [c.block_table + [0] * (width - len(c.block_table)) for c in step.chunks]
-        for c in step.chunks:
-            n, start = len(c.token_ids), c.start_pos
+        tables: list[int] = []
+        width = max(len(c.block_table) for c in chunks)
+        for c in chunks:
+            n, start, table = len(c.token_ids), c.start_pos, c.block_table
             end = start + n
             if n == 0 or start < 0:
                 raise ValueError(f"request {c.request_id!r}: empty chunk or negative start_pos")
@@ -48,31 +79,38 @@ class ModelRunner:
                                  f"max_position_embeddings ({self.max_position})")
             # Too short a table would be padded with block 0 below; block ids themselves are
             # range-checked by write_kv and hybrid_attention (or the attention plan).
-            if len(c.block_table) * bs < end:
-                raise ValueError(f"request {c.request_id!r}: block_table {c.block_table} does not map "
+            if len(table) * bs < end:
+                raise ValueError(f"request {c.request_id!r}: block_table {table} does not map "
                                  f"positions 0..{end - 1} into blocks of {bs}")
-            ids.extend(c.token_ids)
-            table = c.block_table
-            for pos in range(start, end):
-                positions.append(pos)
-                slots.append(table[pos // bs] * bs + pos % bs)
+            ids += c.token_ids
+            if n == 1:  # a decode
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                positions += range(start, end)
+                slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
             cu_seqlens.append(cu_seqlens[-1] + n)
             seqlens_k.append(end)
             if c.sampling is not None:
                 logits_rows.append(cu_seqlens[-1] - 1)
+            tables += table
+            tables += [0] * (width - len(table))
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.vocab_size})")
-
-        def tensor(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
-
-        host = [torch.tensor(v, dtype=torch.int32) for v in (cu_seqlens, seqlens_k, tables)]
-        cu_seqlens_q, seqlens_k_t, block_tables = (t.to(self.device, non_blocking=True) for t in host)
-        ctx = StepContext(positions=tensor(positions, torch.int64), slot_mapping=tensor(slots, torch.int64),
+        # One transfer per dtype; the context's tensors are views of it.
+        tokens, batch = len(ids), len(chunks)
+        longs = self._int64.to_device(ids + positions + slots + logits_rows)
+        ints = self._int32.to_device(cu_seqlens + seqlens_k + tables)
+        cu_seqlens_q, seqlens_k_t = ints[:batch + 1], ints[batch + 1:2 * batch + 1]
+        block_tables = ints[2 * batch + 1:].view(batch, width)
+        plan = None
+        if self.use_attention_plan:
+            plan = self._attention_plan(*(torch.tensor(v, dtype=torch.int32) for v in (cu_seqlens, seqlens_k)),
+                                        torch.tensor(tables, dtype=torch.int32).view(batch, width))
+        ctx = StepContext(positions=longs[tokens:2 * tokens], slot_mapping=longs[2 * tokens:3 * tokens],
                           cu_seqlens_q=cu_seqlens_q, seqlens_k=seqlens_k_t, block_tables=block_tables,
-                          logits_indices=tensor(logits_rows, torch.int64),
-                          attention_plan=self._attention_plan(*host) if self.use_attention_plan else None)
-        return tensor(ids, torch.int64), ctx
+                          logits_indices=longs[3 * tokens:], attention_plan=plan)
+        return longs[:tokens], ctx
 
     def _attention_plan(self, cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor,
                         block_tables: torch.Tensor) -> ops.AttentionPlan:

@@ -39,6 +39,12 @@ class Prefix(Sequence[T], Generic[T]):
     def __iter__(self) -> Iterator[T]:
         return iter(self._items[:self._length]) if self._length < len(self._items) else iter(self._items)
 
+    def __add__(self, other: Sequence[T]) -> list[T]:
+        return list(self) + list(other)
+
+    def __radd__(self, other: Sequence[T]) -> list[T]:
+        return list(other) + list(self)
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (list, tuple, Prefix)):
             return len(other) == self._length and all(a == b for a, b in zip(self, other))

@@ -3,7 +3,12 @@
 Weights are stored fused: qkv_proj = [q; k; v] and gate_up_proj = [gate; up] along the
 output dimension, so each projection is one GEMM. Parameter names otherwise follow
 Hugging Face, which keeps the loader's mapping short. Layers pass the residual stream
-separately so that every RMSNorm fuses the residual add (vLLM's layout)."""
+separately so that every RMSNorm fuses the residual add (vLLM's layout).
+
+Inside a layer the kernels are called through their registered ops directly rather than
+through the checking wrappers in sarathi_rt.ops: shapes and dtypes are fixed when the
+model is built and its KV cache bound (bind_kv_cache checks the cache), and the step's
+index tensors are checked once per step by the ModelRunner, not again in every layer."""
 from __future__ import annotations
 
 import torch
@@ -30,7 +35,14 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return ops.rms_norm(x, self.weight, self.eps, residual)
+        """x [tokens, hidden]; with `residual`, also returns x + residual."""
+        out = torch.empty_like(x)
+        if residual is None:
+            torch.ops.sarathi_rt.rms_norm_out(x, None, self.weight, self.eps, out, None)
+            return out
+        new_residual = torch.empty_like(x)
+        torch.ops.sarathi_rt.rms_norm_out(x, residual, self.weight, self.eps, out, new_residual)
+        return out, new_residual
 
 
 class Linear(nn.Module):
@@ -72,8 +84,8 @@ class Attention(nn.Module):
         q = qkv[:, :self.q_size].view(tokens, self.num_heads, self.head_dim)
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, self.num_kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
-        ops.rotary_embedding(ctx.positions, q, k, cos_sin)
-        ops.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        torch.ops.sarathi_rt.rotary_embedding(ctx.positions, q, k, cos_sin)
+        torch.ops.sarathi_rt.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         out = ops.hybrid_attention(q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seqlens_k,
                                    ctx.block_tables, scale=self.scale, plan=ctx.attention_plan)
         return self.o_proj(out.view(tokens, self.q_size))
@@ -88,7 +100,10 @@ class MLP(nn.Module):
                                 reduce=shard)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(hidden)))
+        gate_up = self.gate_up_proj(hidden)
+        activated = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype, device=gate_up.device)
+        torch.ops.sarathi_rt.silu_and_mul_out(gate_up, activated)
+        return self.down_proj(activated)
 
 
 class DecoderLayer(nn.Module):
@@ -141,8 +156,16 @@ class LlamaForCausalLM(nn.Module):
 
     def bind_kv_cache(self, cache: KVCache) -> None:
         """Give every attention layer its K/V tensors (cache layer j = this stage's j-th layer)."""
-        if cache.shape.num_layers != len(self.layers):
-            raise ValueError(f"cache has {cache.shape.num_layers} layers but this stage runs {len(self.layers)}")
+        shape = cache.shape
+        if shape.num_layers != len(self.layers):
+            raise ValueError(f"cache has {shape.num_layers} layers but this stage runs {len(self.layers)}")
+        if (shape.num_kv_heads, shape.head_dim) != (self.shard.num_kv_heads, self.shard.head_dim):
+            raise ValueError(f"cache holds {shape.num_kv_heads} KV heads of dim {shape.head_dim} but this "
+                             f"shard has {self.shard.num_kv_heads} of dim {self.shard.head_dim}")
+        k0 = cache.layer(0)[0]
+        if k0.dtype != self.dtype or k0.device != self.cos_sin_cache.device:
+            raise ValueError(f"cache is {k0.dtype} on {k0.device} but the model is {self.dtype} on "
+                             f"{self.cos_sin_cache.device}")
         for j, layer in enumerate(self.layers.values()):
             layer.self_attn.k_cache, layer.self_attn.v_cache = cache.layer(j)
 
