@@ -253,7 +253,11 @@ def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -
         # what the replica sustains) needs time to push the median delay past its limit.
         num_requests = max(workload.num_requests, math.ceil(qps * MIN_SPAN_S))
         requests = make_workload(replace(workload, qps=qps, num_requests=num_requests))
-        result = simulate(requests, config, cost, pipeline_stages=cand.pp)
+        run_config = config
+        if not get_policy(cand.policy).chunked:  # a longer run may hold a longer request
+            longest = max(r.num_prompt_tokens + r.num_decode_tokens for r in requests)
+            run_config = replace(config, token_budget=max(config.token_budget, longest))
+        result = simulate(requests, run_config, cost, pipeline_stages=cand.pp)
         return summarize(result.requests[len(result.requests) // 2:], result.steps)
 
     start = min(request.qps, cand.max_qps_bound / 2)
