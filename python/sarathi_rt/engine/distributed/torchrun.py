@@ -17,18 +17,15 @@ dead peer, the watchdog prints the error and ends the process."""
 from __future__ import annotations
 
 import os
-import pickle
-import queue
 import socket
 import sys
 import threading
 import time
 import traceback
 import weakref
-from collections import deque
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,13 +37,13 @@ from ..memory import CPU_FRACTION
 from ..step_io import StepInput, StepOutput
 from ..worker import Worker
 from .executor import WorkerError
+from .messages import BYE, POLL_S, Inbox, Outbox
 from .process import STARTUP_TIMEOUT_S, PipelineStage
 from .topology import Topology
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 HEARTBEAT_S = 0.5
 HEARTBEAT_STALE_S = 6.0
-POLL_S = 0.05
 META_TIMEOUT = timedelta(days=365)  # an idle server's ranks wait for the next step
 EXIT_GRACE_S = 2.0  # a failure seen while rank 0 is inside a collective: wait this long, then exit
 KEY = "sarathi-rt/"
@@ -166,86 +163,12 @@ def _stage(me: _Rank) -> PipelineStage:
     return PipelineStage(worker, me.topo, me.rank)
 
 
-# ------------------------------------------------------------------ messages
-# A gloo send or receive completes only inside wait(), which blocks: each rank's
-# messages are received by a thread that blocks there and queues them for a thread
-# that polls. BYE is a rank's last message.
-BYE = "bye"
-
-
-class _Outbox:
-    """Non-blocking sends of pickled objects; keeps each send's buffers until it is done."""
-
-    KEEP = 64  # sends in flight before the oldest is waited for (its receiver is always ready)
-
-    def __init__(self, group: Any, timeout: float) -> None:
-        self.group, self.timeout = group, timedelta(seconds=timeout)
-        self.pending: deque[tuple[Any, ...]] = deque()
-
-    def send(self, obj: Any, dst: int) -> None:
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        size = torch.tensor([data.numel()], dtype=torch.int64)
-        self.pending.append((dist.isend(size, dst, group=self.group), dist.isend(data, dst, group=self.group),
-                             size, data))
-        while len(self.pending) > self.KEEP:
-            self._finish(self.pending.popleft())
-
-    def flush(self) -> None:
-        while self.pending:
-            self._finish(self.pending.popleft())
-
-    def _finish(self, sent: tuple[Any, ...]) -> None:
-        sent[0].wait(self.timeout)
-        sent[1].wait(self.timeout)
-
-
-class _Broken:
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-class _Inbox:
-    """What one rank sends this one, in order, received by a daemon thread until `last`."""
-
-    def __init__(self, src: int, group: Any, last: Any) -> None:
-        self.src, self.group, self.last = src, group, last
-        self.queue: queue.Queue[Any] = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name=f"sarathi-rt-inbox-{src}", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                size = torch.empty(1, dtype=torch.int64)
-                dist.recv(size, self.src, group=self.group)
-                data = torch.empty(int(size.item()), dtype=torch.uint8)
-                dist.recv(data, self.src, group=self.group)
-                obj = pickle.loads(data.numpy().tobytes())
-                self.queue.put(obj)
-                if obj == self.last:
-                    return
-        except BaseException as exc:  # the watchdogs name the cause; keep it for the record
-            self.queue.put(_Broken(exc))
-
-    def get(self, check: Callable[[], None]) -> Any:
-        """The next object; calls check() every POLL_S while none has come."""
-        while True:
-            try:
-                obj = self.queue.get(timeout=POLL_S)
-            except queue.Empty:
-                check()
-                continue
-            if isinstance(obj, _Broken):
-                raise obj.exc
-            return obj
-
-
 # ------------------------------------------------------------------ workers
 def _serve(me: _Rank, stopping: threading.Event) -> None:
     def nothing() -> None:
         pass  # the watchdog thread ends this process if the driver goes
 
-    inbox, outbox = _Inbox(0, me.meta, None), _Outbox(me.meta, me.config.worker_timeout)
+    inbox, outbox = Inbox(0, me.meta, None), Outbox(me.meta, me.config.worker_timeout)
     stage = _stage(me)
     outbox.send(stage.worker.num_kv_blocks, 0)
     stage.worker.allocate_kv_cache(inbox.get(nothing))
@@ -284,8 +207,8 @@ class TorchrunExecutor:
         self.me, self.topology = me, me.topo
         self.pipeline_depth = me.topo.pp
         self._timeout = float(me.config.worker_timeout)
-        self._outbox = _Outbox(me.meta, self._timeout)
-        self._inboxes = {r: _Inbox(r, me.meta, BYE) for r in range(1, me.topo.world_size)}
+        self._outbox = Outbox(me.meta, self._timeout)
+        self._inboxes = {r: Inbox(r, me.meta, BYE) for r in range(1, me.topo.world_size)}
         self._local: dict[int, tuple[Any, StepOutput | None]] = {}
         self._order: list[int] = []
         self._failure: str | None = None
@@ -428,7 +351,7 @@ def _silent(me: _Rank, ranks: list[int], stale: float) -> str:
             f"{stale:g}s: the process died, hangs or its host is unreachable)")
 
 
-def _stop_workers(me: _Rank, outbox: _Outbox, inboxes: dict[int, _Inbox], failure: str | None) -> None:
+def _stop_workers(me: _Rank, outbox: Outbox, inboxes: dict[int, Inbox], failure: str | None) -> None:
     """A clean end sends every rank None and waits for their BYE; a failure sets the
     stop key that their watchdogs read."""
     try:
