@@ -24,7 +24,8 @@ class LLM:
     ("tiny", "cpu-small", "llama3-8b") with seeded random weights. The other arguments
     are EngineConfig's; tensor_parallel_size x pipeline_parallel_size > 1 runs the model
     in that many worker processes. Use it as a context manager, or call shutdown(), to
-    stop them."""
+    stop them. Under torchrun the job's processes are the workers: the call returns on
+    world rank 0 and, on every other rank, serves until rank 0 shuts down, then exits."""
 
     def __init__(self, model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
                  policy: str = "sarathi", token_budget: int = 512, chunk_size: int | None = None,
