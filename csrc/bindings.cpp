@@ -435,8 +435,12 @@ PYBIND11_MODULE(_C, m) {
       .def("allocate", &BlockAllocator::allocate, py::arg("n"))
       .def("free", &BlockAllocator::free, py::arg("ids"))
       .def("incref", &BlockAllocator::incref, py::arg("ids"))
+      .def("reuse", &BlockAllocator::reuse, py::arg("ids"))
+      .def("mark_cached", &BlockAllocator::mark_cached, py::arg("ids"))
+      .def("is_cached", &BlockAllocator::is_cached, py::arg("id"))
       .def("refcount", &BlockAllocator::refcount, py::arg("id"))
       .def_property_readonly("num_free", &BlockAllocator::num_free)
+      .def_property_readonly("num_cached_free", &BlockAllocator::num_cached_free)
       .def_property_readonly("num_blocks", &BlockAllocator::num_blocks)
       .def("__repr__", [](const BlockAllocator& a) {
         return "BlockAllocator(num_blocks=" + std::to_string(a.num_blocks()) +

@@ -87,3 +87,36 @@ def test_random_programs_never_leak_or_double_hand_out(num_blocks: int, program:
         assert a.num_free == num_blocks - len(set(held))
     a.free(held)
     assert a.num_free == num_blocks
+
+
+def test_cached_blocks_stay_reusable_until_evicted_oldest_first() -> None:
+    a = BlockAllocator(4)
+    ids = a.allocate(4)
+    a.mark_cached(ids[:3])
+    a.free([ids[1], ids[0], ids[2], ids[3]])  # released in this order
+    assert (a.num_free, a.num_cached_free) == (4, 3)
+    assert all(a.refcount(i) == 0 for i in ids) and a.is_cached(ids[0]) and not a.is_cached(ids[3])
+    # the uncached block goes first, then cached ones, least recently released first
+    assert a.allocate(1) == [ids[3]]
+    assert a.allocate(2) == [ids[1], ids[0]]
+    assert not a.is_cached(ids[1]) and a.num_cached_free == 1
+    with pytest.raises(OutOfBlocksError):
+        a.allocate(2)
+    assert a.num_cached_free == 1  # all or nothing: nothing evicted
+
+
+def test_reuse_revives_a_cached_free_block_and_incref_does_not() -> None:
+    a = BlockAllocator(3)
+    ids = a.allocate(2)
+    a.mark_cached([ids[0]])
+    a.free(ids)
+    with pytest.raises(ValueError, match="not allocated"):
+        a.incref([ids[0]])
+    with pytest.raises(ValueError, match="not allocated"):
+        a.reuse([ids[1]])  # free, not cached: its contents are gone
+    a.reuse([ids[0], ids[0]])
+    assert a.refcount(ids[0]) == 2 and a.num_cached_free == 0 and a.num_free == 2
+    a.free([ids[0], ids[0]])
+    assert a.num_cached_free == 1 and a.is_cached(ids[0])
+    with pytest.raises(ValueError, match="not allocated"):
+        a.mark_cached([ids[1]])

@@ -203,3 +203,17 @@ def test_bad_parallel_sizes_raise_before_spawning(checkpoint, kwargs: dict, matc
 def test_bad_worker_timeout() -> None:
     with pytest.raises(ValueError, match="worker_timeout must be a positive number"):
         EngineConfig("tiny", worker_timeout=0)
+
+
+@pytest.mark.slow
+def test_prefix_caching_under_tensor_and_pipeline_parallelism(checkpoint, prompts) -> None:
+    """One scheduler hands the same shared block ids to every worker: cached prefixes give
+    the tokens of a one-process run without the cache."""
+    shared = prompts[1][:32]
+    batches = [[shared + p for p in prompts[:3]], [shared + p for p in prompts[3:]] + [shared[:20] + [7]]]
+    with LLM(checkpoint, enable_prefix_caching=False, **ENGINE) as llm:
+        want = [[o.token_ids for o in llm.generate(b, PARAMS, use_tqdm=False)] for b in batches]
+    with LLM(checkpoint, tensor_parallel_size=2, pipeline_parallel_size=2, **ENGINE) as llm:
+        got = [llm.generate(b, PARAMS, use_tqdm=False) for b in batches]
+        assert [[o.token_ids for o in b] for b in got] == want
+        assert [o.num_cached_tokens for o in got[1]] == [32, 32, 32, 16]

@@ -51,10 +51,23 @@ def test_kernel_takes_strided_rows_and_rejects_too_many() -> None:
 
 @pytest.mark.parametrize("rows", [1, _C.GEMM_SMALL_M, _C.GEMM_SMALL_M + 1, 40])
 def test_linear_on_a_vocab_sized_weight(rows: int) -> None:
-    """8192 x 512 float32 is 16 MiB: the streaming kernel for up to GEMM_SMALL_M rows, torch above."""
+    """8192 x 512 float32 is 16 MiB: the streaming kernel, GEMM_SMALL_M rows at a time."""
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(2, rows, 512, generator=g)[1]  # a view, as the model's hidden states are
     w = torch.randn(8192, 512, generator=g) / 512 ** 0.5
     out = ops.linear(x, w)
     assert out.shape == (rows, 8192)
     assert (out.double() - _reference(x, w, None)).abs().max().item() < 2e-5
+
+
+@pytest.mark.parametrize("n,k", [(192, 64), (1536, 512), (8192, 512)])  # the last one is streamed
+def test_rows_do_not_depend_on_the_other_rows(n: int, k: int) -> None:
+    """Batch invariance, which makes prefix caching and chunking exact: a row's output
+    is bit-identical whatever rows share the call (row counts that send oneDNN/MKL down
+    different kernels, or split over threads unevenly, included)."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(120, k, generator=g)
+    w = torch.randn(n, k, generator=g) / k ** 0.5
+    full = ops.linear(x, w)
+    for start, rows in [(0, 1), (3, 1), (5, 2), (0, 7), (2, 9), (1, 16), (4, 17), (7, 33), (19, 100)]:
+        assert torch.equal(ops.linear(x[start:start + rows], w), full[start:start + rows]), (start, rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig
+from sarathi_rt.scheduler.step_time import StepShape
 from sarathi_rt.sim import LinearCostModel, TableCostModel, VidurCostModel, interpolate_measured, simulate
 from sarathi_rt.workloads import RequestSpec, WorkloadConfig, data_path, make_workload
 
@@ -120,11 +121,11 @@ def test_vidur_cost_model_terms() -> None:
     assert cm.dense_time(136) > 1.3 * cm.dense_time(128)
     assert cm.dense_time(8192) == pytest.approx(2 * cm.dense_time(4096), rel=1e-9)
     # One decode over 1023 cached tokens: memory-bound, 2 (K,V) x 1024 x 32 heads x 128 x 2 B.
-    attention, head = cm.attention_and_head_time(_plan([(1023, 1, False)]))
-    assert attention == pytest.approx(32 * 2 * 1024 * 32 * 128 * 2 / (2.0e12 * 0.7))
+    attention, head = cm.attention_and_head_time(StepShape.of_plan(_plan([(1023, 1, False)])))
+    assert attention == pytest.approx(32 * 2 * 1024 * 32 * 128 * 2 / (2039e9 * 0.7))
     assert head == pytest.approx(2 * 4096 * 32768 / (312e12 * 0.7))
     # A 1024-token prefill from scratch: compute-bound, 4 x 32 x 128 x (1024 x 1025 / 2) FLOPs.
-    attention, head = cm.attention_and_head_time(_plan([(0, 1024, True)]))
+    attention, head = cm.attention_and_head_time(StepShape.of_plan(_plan([(0, 1024, True)])))
     assert attention == pytest.approx(32 * 4 * 32 * 128 * 1024 * 1025 / 2 / (312e12 * 0.5))
     assert head == 0.0
     assert 2000 < cm.kv_cache_blocks(16) < 10000  # ~ 60 GB of 80 GB at 512 KiB per token

@@ -8,7 +8,9 @@ import pytest
 from sarathi_rt.cli import main
 from sarathi_rt.metrics import load_requests_csv
 
-KEYS = ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "stalls", "tokens_per_s", "sched_delay_p50"]
+KEYS = ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "stalls", "tokens_per_s", "sched_delay_p50",
+        "tbt_p999", "tbt_max", "request_max_tbt", "prefill_wait_share", "goodput", "ttft_target", "tbt_target",
+        "step_error_p50", "step_error_p99", "under_predicted"]
 
 
 def test_bench_simulated_writes_summary_and_plots(tmp_path, capsys) -> None:
@@ -33,3 +35,15 @@ def test_bench_rejects_bad_flags(tmp_path) -> None:
         main(["bench", "--simulate", "--qps", "-1", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="tp=3"):
         main(["bench", "--simulate", "--tp", "3", "--out", str(tmp_path)])
+
+
+def test_bench_adaptive_budget_flags(tmp_path, capsys) -> None:
+    with pytest.raises(ValueError, match="--adaptive-budget needs --tbt-slo"):
+        main(["bench", "--simulate", "--adaptive-budget", "--out", str(tmp_path)])
+    out = tmp_path / "a"
+    assert main(["bench", "--simulate", "--policy", "sarathi", "--num-requests", "20", "--qps", "2",
+                 "--adaptive-budget", "--tbt-slo", "0.12", "--ttft-slo", "2", "--hardware", "h200",
+                 "--out", str(out)]) == 0
+    record = json.loads((out / "summary.json").read_text())["sarathi"]
+    assert record["tbt_max"] <= 0.12 and record["tbt_target"] == 0.12 and record["goodput"] > 0
+    assert "prefill wait" in capsys.readouterr().out

@@ -21,24 +21,17 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"
 class LLM:
     """A model served by a Sarathi-Serve engine. `model` is a Hugging Face directory
     (config.json + safetensors; a tokenizer there enables text prompts) or a preset name
-    ("tiny", "cpu-small", "llama3-8b") with seeded random weights. The other arguments
-    are EngineConfig's; tensor_parallel_size x pipeline_parallel_size > 1 runs the model
+    ("tiny", "cpu-small", "llama3-8b") with seeded random weights. The keyword arguments
+    are EngineConfig's fields (device, dtype, policy, token_budget, max_num_seqs, ...;
+    an unknown one raises TypeError); tensor_parallel_size x pipeline_parallel_size > 1 runs the model
     in that many worker processes. Use it as a context manager, or call shutdown(), to
-    stop them. Under torchrun the job's processes are the workers: the call returns on
-    world rank 0 and, on every other rank, serves until rank 0 shuts down, then exits."""
+    stop them. tbt_slo (seconds) sizes every step to that time-between-tokens target
+    (the adaptive budget, learned online; token_budget caps it). Under torchrun the
+    job's processes are the workers: the call returns on world rank 0 and, on every
+    other rank, serves until rank 0 shuts down, then exits."""
 
-    def __init__(self, model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
-                 policy: str = "sarathi", token_budget: int = 512, chunk_size: int | None = None,
-                 max_num_seqs: int | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
-                 tile_size: int | str | None = None, seed: int = 0, max_model_len: int | None = None,
-                 kv_memory_fraction: float | None = None, tensor_parallel_size: int = 1,
-                 pipeline_parallel_size: int = 1, worker_timeout: float = 300.0) -> None:
-        config = EngineConfig(model=model, device=device, dtype=dtype, policy=policy, token_budget=token_budget,
-                              chunk_size=chunk_size, max_num_seqs=max_num_seqs, block_size=block_size,
-                              num_kv_blocks=num_kv_blocks, tile_size=tile_size, seed=seed,
-                              max_model_len=max_model_len, kv_memory_fraction=kv_memory_fraction,
-                              tensor_parallel_size=tensor_parallel_size,
-                              pipeline_parallel_size=pipeline_parallel_size, worker_timeout=worker_timeout)
+    def __init__(self, model: str | Path, **options: Any) -> None:
+        config = EngineConfig(model=model, **options)
         self.engine = LLMEngine(config)
         self.tokenizer = _load_tokenizer(Path(model))
         self._ids = itertools.count()

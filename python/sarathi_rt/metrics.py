@@ -24,6 +24,7 @@ class RequestMetrics:
     finish_time: float | None = None
     num_preemptions: int = 0
     bubble_time: float = 0.0  # pipeline parallelism: its micro-batches' waits for a busy stage
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def ttft(self) -> float | None:
@@ -60,6 +61,7 @@ class StepMetrics:
     num_decode_tokens: int
     batch_size: int
     tile_padding: int = 0
+    predicted_duration: float | None = None  # the adaptive budget's step-time model's forecast
 
 
 @dataclass
@@ -154,6 +156,7 @@ class MetricsSummary:
     num_steps: int
     num_preemptions: int
     duration: float
+    prefix_cache_hit_rate: float = 0.0  # cached / all prompt tokens of the requests
 
     def bench_dict(self) -> dict[str, float | int]:
         """The per-policy record of `sarathi-rt bench`'s summary.json."""
@@ -183,7 +186,13 @@ def summarize(requests: Sequence[RequestMetrics], steps: Sequence[StepMetrics],
         stall_threshold=stall_threshold(steps, stall_factor),
         tokens_per_s=generated / duration if duration > 0 else math.nan,
         num_generated_tokens=generated, num_steps=len(steps),
-        num_preemptions=sum(r.num_preemptions for r in requests), duration=duration)
+        num_preemptions=sum(r.num_preemptions for r in requests), duration=duration,
+        prefix_cache_hit_rate=_hit_rate(requests))
+
+
+def _hit_rate(requests: Sequence[RequestMetrics]) -> float:
+    prompt = sum(r.num_prompt_tokens for r in requests)
+    return sum(r.num_cached_tokens for r in requests) / prompt if prompt else 0.0
 
 
 # ------------------------------------------------------------------ export
@@ -204,7 +213,7 @@ def load_json(path: str | os.PathLike[str]) -> tuple[list[RequestMetrics], list[
 
 
 _REQUEST_CSV = ["arrival_time", "num_prompt_tokens", "first_scheduled_time", "first_token_time",
-                "finish_time", "num_preemptions", "bubble_time", "token_times"]
+                "finish_time", "num_preemptions", "bubble_time", "num_cached_tokens", "token_times"]
 
 
 def save_requests_csv(path: str | os.PathLike[str], requests: Sequence[RequestMetrics]) -> None:
@@ -229,7 +238,8 @@ def load_requests_csv(path: str | os.PathLike[str]) -> list[RequestMetrics]:
                 first_token_time=_opt(row["first_token_time"]),
                 token_times=[float(t) for t in row["token_times"].split()],
                 finish_time=_opt(row["finish_time"]), num_preemptions=int(row["num_preemptions"]),
-                bubble_time=float(row.get("bubble_time") or 0.0)))
+                bubble_time=float(row.get("bubble_time") or 0.0),
+                num_cached_tokens=int(row.get("num_cached_tokens") or 0)))
     return out
 
 
@@ -245,7 +255,8 @@ def load_steps_csv(path: str | os.PathLike[str]) -> list[StepMetrics]:
     with open(path, newline="") as f:
         return [StepMetrics(float(r["start_time"]), float(r["duration"]), int(r["num_tokens"]),
                             int(r["num_prefill_tokens"]), int(r["num_decode_tokens"]),
-                            int(r["batch_size"]), int(r["tile_padding"])) for r in csv.DictReader(f)]
+                            int(r["batch_size"]), int(r["tile_padding"]), _opt(r.get("predicted_duration") or ""))
+                for r in csv.DictReader(f)]
 
 
 def _cell(value: float | int | None) -> str:

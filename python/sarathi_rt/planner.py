@@ -18,15 +18,13 @@ from sarathi_rt.budget import choose_token_budget, profile_cost_model
 from sarathi_rt.capacity import SLO, find_capacity
 from sarathi_rt.metrics import MetricsSummary, summarize
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, get_policy
-from sarathi_rt.sim import A100, Hardware, VidurCostModel, simulate
+from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
 from sarathi_rt.workloads import RequestSpec, WorkloadConfig, make_workload
 
 TP_SIZES = (1, 2, 4, 8, 16)  # those the profile has rows for are searched
 BUDGET_TILE = 128
 MIN_SPAN_S = 60.0  # seconds of arrivals per simulated run: a 10 % overload shows by then
 
-# GPUs the planner knows by name, with their memory in bytes.
-HARDWARE: dict[str, tuple[Hardware, float]] = {"a100": (A100, 80e9)}
 
 
 @dataclass(frozen=True)
@@ -158,7 +156,7 @@ def plan_deployment(request: PlanRequest, workload: WorkloadConfig,
 def _candidates(request: PlanRequest, specs: Sequence[RequestSpec], prune: Callable[[str], None]
                 ) -> list[Candidate]:
     """Every (TP, PP, policy, budget) that passes the checks needing no simulation."""
-    hardware, memory = HARDWARE[request.hardware]
+    hardware = HARDWARE[request.hardware]
     longest = max(r.num_prompt_tokens + r.num_decode_tokens for r in specs)
     mean_len = sum(r.num_prompt_tokens + r.num_decode_tokens for r in specs) / len(specs)
     out = []
@@ -175,7 +173,7 @@ def _candidates(request: PlanRequest, specs: Sequence[RequestSpec], prune: Calla
             if request.num_layers % pp or tp * pp > request.max_gpus:
                 continue
             try:
-                num_blocks = cost.kv_cache_blocks(request.block_size, memory, pipeline_stages=pp)
+                num_blocks = cost.kv_cache_blocks(request.block_size, pipeline_stages=pp)
             except ValueError:
                 prune("the weights leave no room for the KV cache")
                 continue
@@ -238,7 +236,7 @@ def _stage_time(cost: VidurCostModel, pp: int, num_tokens: int) -> float:
 
 def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -> float:
     """Simulated QPS one replica of `cand` sustains within the SLO (to 10 %, at most 8 runs)."""
-    hardware, _ = HARDWARE[request.hardware]
+    hardware = HARDWARE[request.hardware]
     cost = VidurCostModel(request.profile, num_layers=request.num_layers, tp=cand.tp, hardware=hardware)
     # A prompt's next chunk waits for its previous one to leave the pipeline: each
     # micro-batch in flight needs its own partial prompt (as `sarathi-rt capacity`).

@@ -17,7 +17,10 @@ if TYPE_CHECKING:
 
 
 def synthetic_prompt(spec: RequestSpec, vocab_size: int, seed: int) -> list[int]:
-    """Seeded random token ids for a request of the workload (trace lengths, no text)."""
+    """The request's own ids if the workload has them, else seeded random token ids
+    (trace lengths, no text)."""
+    if spec.prompt_token_ids is not None:
+        return list(spec.prompt_token_ids)
     rng = np.random.default_rng([seed, spec.request_id])
     return rng.integers(3, vocab_size, spec.num_prompt_tokens).tolist()
 

@@ -2,7 +2,9 @@
 
 Lengths come from real traces shipped in sarathi_rt/data (see data/README.md) or from
 fixed/uniform synthetic distributions; arrivals are Poisson, gamma (bursty), evenly
-spaced, or the trace's own timestamps. Everything is seeded."""
+spaced, or the trace's own timestamps. Two workloads share prompt prefixes and carry
+(synthetic) token ids, for prefix caching: `system_prompt_workload` and
+`multi_turn_workload`. Everything is seeded."""
 from __future__ import annotations
 
 import csv
@@ -39,10 +41,14 @@ class Trace:
 
 @dataclass(frozen=True)
 class RequestSpec:
+    """One request; `prompt_token_ids` only where prompts share text (else None: the
+    engine draws random ids, the simulator needs none)."""
+
     request_id: int
     arrival_time: float
     num_prompt_tokens: int
     num_decode_tokens: int
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 def data_path(filename: str) -> str:
@@ -193,3 +199,66 @@ def _rescale(times: np.ndarray, qps: float) -> np.ndarray:
     if len(times) < 2 or span <= 0:
         return np.arange(len(times)) / qps
     return times * ((len(times) - 1) / span) / qps
+
+
+def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> list[int]:
+    return rng.integers(3, vocab_size, n).tolist()  # 0..2 are left to special tokens
+
+
+def _check_counts(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def system_prompt_workload(num_requests: int, qps: float, *, num_system_prompts: int = 4,
+                           system_len: int = 1024, user_range: tuple[int, int] = (32, 128),
+                           decode_range: tuple[int, int] = (16, 128), vocab_size: int = 32000,
+                           seed: int = 0) -> list[RequestSpec]:
+    """Poisson arrivals at `qps`; each prompt is one of `num_system_prompts` fixed texts
+    of `system_len` tokens (picked at random) followed by a user message of a length
+    drawn from `user_range`. Ids are in arrival order."""
+    _check_counts(num_requests=num_requests, num_system_prompts=num_system_prompts, system_len=system_len,
+                  vocab_size=vocab_size)
+    if not (isinstance(qps, (int, float)) and qps > 0 and np.isfinite(qps)):
+        raise ValueError(f"qps must be a positive finite number, got {qps!r}")
+    rng = np.random.default_rng(seed)
+    systems = [_ids(rng, system_len, vocab_size) for _ in range(num_system_prompts)]
+    arrivals = np.cumsum(rng.exponential(1.0 / qps, num_requests))
+    arrivals -= arrivals[0]
+    out = []
+    for i in range(num_requests):
+        prompt = systems[int(rng.integers(num_system_prompts))] + \
+            _ids(rng, int(rng.integers(user_range[0], user_range[1] + 1)), vocab_size)
+        out.append(RequestSpec(i, float(arrivals[i]), len(prompt),
+                               int(rng.integers(decode_range[0], decode_range[1] + 1)), tuple(prompt)))
+    return out
+
+
+def multi_turn_workload(num_conversations: int, qps: float, *, turns: int = 4, first_len: int = 256,
+                        user_range: tuple[int, int] = (32, 128), decode_range: tuple[int, int] = (32, 128),
+                        think_time: float = 10.0, vocab_size: int = 32000, seed: int = 0) -> list[RequestSpec]:
+    """Conversations start as a Poisson process at `qps`; each has `turns` requests, a
+    turn arriving an exponential `think_time` (mean, seconds) after the previous one.
+    Every turn re-sends the conversation so far: the previous prompt, the previous
+    answer (synthetic ids of its decode length) and a new user message."""
+    _check_counts(num_conversations=num_conversations, turns=turns, first_len=first_len, vocab_size=vocab_size)
+    if not (isinstance(qps, (int, float)) and qps > 0 and np.isfinite(qps)):
+        raise ValueError(f"qps must be a positive finite number, got {qps!r}")
+    if not think_time >= 0:
+        raise ValueError(f"think_time must be >= 0, got {think_time!r}")
+    rng = np.random.default_rng(seed)
+    starts = np.cumsum(rng.exponential(1.0 / qps, num_conversations))
+    starts -= starts[0]
+    turns_out: list[tuple[float, list[int], int]] = []
+    for start in starts:
+        t, context = float(start), _ids(rng, first_len, vocab_size)
+        for turn in range(turns):
+            if turn:
+                t += float(rng.exponential(think_time)) if think_time else 0.0
+                context = context + _ids(rng, int(rng.integers(user_range[0], user_range[1] + 1)), vocab_size)
+            decode = int(rng.integers(decode_range[0], decode_range[1] + 1))
+            turns_out.append((t, context, decode))
+            context = context + _ids(rng, decode, vocab_size)  # the answer, re-sent next turn
+    turns_out.sort(key=lambda r: r[0])
+    return [RequestSpec(i, t, len(p), d, tuple(p)) for i, (t, p, d) in enumerate(turns_out)]

@@ -8,7 +8,8 @@ from typing import Callable, Sequence
 
 from sarathi_rt.metrics import RequestMetrics, StepMetrics
 from sarathi_rt.scheduler import SchedulerConfig, available_policies, get_policy
-from sarathi_rt.sim import VidurCostModel, simulate
+from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
+from sarathi_rt.sim.shape_model import ShapeCostModel
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, data_path
 
 DEFAULT_PROFILE = "a100_llama-2-7b_mlp.csv.gz"
@@ -32,6 +33,9 @@ def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
     s.add_argument("--max-num-seqs", type=int, default=None)
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: sized from memory)")
+    s.add_argument("--adaptive-budget", action="store_true",
+                   help="size each sarathi step to --tbt-slo with a step-time model (the simulator's cost "
+                        "model, or one the engine learns online); --token-budget becomes the cap")
     e = p.add_argument_group("engine")
     e.add_argument("--model", default="cpu-small", help="preset name or Hugging Face directory")
     e.add_argument("--device", default="cpu")
@@ -41,7 +45,10 @@ def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:
     m = p.add_argument_group("simulator")
     m.add_argument("--simulate", action="store_true", help="use the simulator instead of the engine")
     m.add_argument("--profile", default=None,
-                   help=f"vidur-style mlp.csv for --simulate (default: the bundled {DEFAULT_PROFILE})")
+                   help="for --simulate: a step profile from `sarathi-rt profile` (.json: simulates that engine, "
+                        f"its KV cache and context limit), or a vidur mlp.csv (default: the bundled {DEFAULT_PROFILE})")
+    m.add_argument("--hardware", default=None, choices=sorted(HARDWARE),
+                   help="GPU of the simulation (default: the one the profile's file name names, else a100)")
     m.add_argument("--num-layers", type=int, default=32, help="layers of the profiled model")
     m.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (a profile column)")
     m.add_argument("--pipeline-stages", type=int, default=1)
@@ -70,6 +77,7 @@ def scheduler_config(args: argparse.Namespace, policy: str, workload: Sequence[R
     whole prompts, so their cap is the longest request (vLLM's max_num_batched_tokens
     defaults to the model length in the same way)."""
     budget, chunk = args.token_budget, args.chunk_size
+    adaptive = args.adaptive_budget and get_policy(policy).adaptive
     if not get_policy(policy).chunked:
         budget = max(budget, max(r.num_prompt_tokens + r.num_decode_tokens for r in workload))
         chunk = None
@@ -78,7 +86,7 @@ def scheduler_config(args: argparse.Namespace, policy: str, workload: Sequence[R
     return SchedulerConfig(policy=policy, token_budget=budget, chunk_size=chunk,
                            max_num_seqs=min(args.max_num_seqs, budget), block_size=args.block_size,
                            num_blocks=num_blocks, tile_size=args.tile_size,
-                           max_partial_prefills=args.pipeline_stages)
+                           max_partial_prefills=args.pipeline_stages, tbt_slo=args.tbt_slo if adaptive else None)
 
 
 @dataclass
@@ -89,10 +97,18 @@ class SimBackend:
 
     def __post_init__(self) -> None:
         path = self.args.profile or data_path(DEFAULT_PROFILE)
-        self.cost_model = VidurCostModel(path, num_layers=self.args.num_layers, tp=self.args.tp)
+        self.max_total_tokens: int | None = None
+        self.cost_model: VidurCostModel | ShapeCostModel
+        if path.endswith(".json"):
+            self.cost_model = ShapeCostModel.load(path)
+            engine = self.cost_model.profile.engine
+            self.num_blocks = self.args.num_blocks or engine["num_kv_blocks"]
+            self.max_total_tokens = engine.get("max_total_tokens")
+            return
+        self.cost_model = VidurCostModel(path, num_layers=self.args.num_layers, tp=self.args.tp,
+                                         hardware=self.args.hardware)
         self.num_blocks = self.args.num_blocks or self.cost_model.kv_cache_blocks(
             self.args.block_size, pipeline_stages=self.args.pipeline_stages)
-        self.max_total_tokens: int | None = None
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
@@ -129,7 +145,7 @@ class EngineBackend:
         return LLM(model=self.args.model, device=self.args.device, dtype=self.args.dtype, policy=policy,
                    token_budget=cfg.token_budget, chunk_size=cfg.chunk_size, max_num_seqs=cfg.max_num_seqs,
                    block_size=self.args.block_size, num_kv_blocks=self.num_blocks,
-                   tile_size=self.args.tile_size, seed=self.args.seed).engine
+                   tile_size=self.args.tile_size, seed=self.args.seed, tbt_slo=cfg.tbt_slo).engine
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
@@ -145,7 +161,13 @@ def make_backend(args: argparse.Namespace) -> SimBackend | EngineBackend:
 
 
 def fill_defaults(args: argparse.Namespace, **by_mode: tuple[object, object]) -> None:
-    """Set each flag left at None to its (engine, simulator) default."""
+    """Set each flag left at None to its (engine, simulator) default. With
+    --adaptive-budget the token budget is only a cap: 512 on the engine, 4096 simulated."""
+    if args.adaptive_budget:
+        if args.tbt_slo is None:
+            raise ValueError("--adaptive-budget needs --tbt-slo")
+        if args.token_budget is None:
+            args.token_budget = 4096 if args.simulate else 512
     for name, (engine_default, sim_default) in by_mode.items():
         if getattr(args, name) is None:
             setattr(args, name, sim_default if args.simulate else engine_default)

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from sarathi_rt.metrics import MetricsSummary, save_requests_csv, save_steps_csv, summarize
 from sarathi_rt.plots import plot_tbt_cdf, plot_tokens_per_step
+from sarathi_rt.slo_metrics import SLOMetrics, slo_metrics
 from sarathi_rt.workloads import make_workload
 
 from ._serving import add_common_args, fill_defaults, make_backend, parse_policies, workload_config
@@ -26,6 +27,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, policies="sarathi,vllm,orca")
     p.add_argument("--qps", type=float, default=None, help="request rate (default: 0.75 on the engine, 1.5 simulated)")
+    p.add_argument("--tbt-slo", type=float, default=None,
+                   help="time-between-tokens target (s): of --adaptive-budget, and of goodput")
+    p.add_argument("--ttft-slo", type=float, default=None, help="time-to-first-token target (s) of goodput")
     p.set_defaults(run=run)
 
 
@@ -40,22 +44,25 @@ def run(args: argparse.Namespace) -> int:
     print(f"sarathi-rt bench: {len(workload)} requests of {args.trace} (length x{args.length_scale:.4g}) at "
           f"{args.qps:g} QPS, {mode}; chunked policies: token budget {args.token_budget}")
     summaries: dict[str, MetricsSummary] = {}
+    slos: dict[str, SLOMetrics] = {}
     tbts, steps_by_policy = {}, {}
     for policy in policies:
         start = time.perf_counter()
         with tqdm(total=len(workload), desc=f"{policy:>8}", unit="req", leave=False) as bar:
             requests, steps = backend.run(policy, workload, bar.update)
         summaries[policy] = summarize(requests, steps, args.stall_factor)
+        slos[policy] = slo_metrics(requests, steps, args.ttft_slo, args.tbt_slo)
         tbts[policy] = [g for r in requests for g in r.tbts]
         steps_by_policy[policy] = steps
         save_requests_csv(os.path.join(args.out, f"{policy}_requests.csv"), requests)
         save_steps_csv(os.path.join(args.out, f"{policy}_steps.csv"), steps)
         print(f"  {policy}: {len(steps)} steps in {time.perf_counter() - start:.1f} s")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump({p: s.bench_dict() for p, s in summaries.items()}, f, indent=2)
+        json.dump({p: {**s.bench_dict(), **slos[p].to_dict()} for p, s in summaries.items()}, f, indent=2)
     plot_tbt_cdf(tbts, os.path.join(args.out, "tbt_cdf.png"))
     plot_tokens_per_step(steps_by_policy, os.path.join(args.out, "tokens_per_step.png"))
     print(format_table(summaries))
+    print(format_slo_table(slos))
     if "sarathi" in summaries and "vllm" in summaries:
         s, v = summaries["sarathi"], summaries["vllm"]
         ratio = s.tbt.p99 / v.tbt.p99 if v.tbt.p99 > 0 else math.nan
@@ -74,6 +81,23 @@ def format_table(summaries: dict[str, MetricsSummary]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head] + rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines) + "\n(times in ms)"
+
+
+def format_slo_table(slos: dict[str, SLOMetrics]) -> str:
+    head = ["policy", "TBT P99.9", "TBT max", "worst gap P50", "prefill wait", "goodput", "step err P50",
+            "step err P99"]
+    rows = [[p, _ms(m.tbt_p999), _ms(m.tbt_max), _ms(m.request_max_tbt.p50), _pct(m.prefill_wait_share),
+             "n/a" if math.isnan(m.goodput) else f"{m.goodput:.3f}/s", _pct(m.step_error_p50), _pct(m.step_error_p99)]
+            for p, m in slos.items()]
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head] + rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n(goodput: requests within --ttft-slo and --tbt-slo; step err: the adaptive " \
+                               "budget's step-time forecasts)"
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
 def _ms(seconds: float) -> str:

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     slo = SLO(args.tbt_slo, args.max_sched_delay)
     backend = make_backend(args)
     os.makedirs(args.out, exist_ok=True)
-    if args.token_budget is None:
+    if args.token_budget is None:  # the SLO-derived static budget (adaptive got its cap above)
         args.token_budget = _slo_budget(args, backend)
     config = workload_config(args, args.qps_start, backend.max_total_tokens)
     results: dict[str, CapacityResult] = {}

@@ -11,7 +11,8 @@ import json
 import os
 import time
 
-from sarathi_rt.planner import HARDWARE, PlanRequest, PlanSLO, plan_deployment
+from sarathi_rt.planner import PlanRequest, PlanSLO, plan_deployment
+from sarathi_rt.sim import HARDWARE
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, WorkloadConfig, data_path
 
 DEFAULT_PROFILE = "a100_llama-3-8b_mlp.csv.gz"

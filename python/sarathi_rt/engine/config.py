@@ -31,7 +31,13 @@ class EngineConfig:
 
     tensor_parallel_size x pipeline_parallel_size > 1 runs the model in that many worker
     processes (one GPU each on CUDA); worker_timeout (seconds) bounds every wait on them,
-    so a hung worker raises instead of hanging the engine."""
+    so a hung worker raises instead of hanging the engine.
+
+    tbt_slo (seconds) turns on the adaptive token budget (policy sarathi): each step's
+    prefill is sized so that its time, as an online step-time model learned from the
+    engine's own steps predicts it, stays within the SLO; token_budget is then the cap.
+    enable_prefix_caching: requests share the KV blocks of prompt prefixes computed
+    before (outputs are the same with it on or off; see the README)."""
 
     model: str | Path
     device: str | torch.device = "cpu"
@@ -49,6 +55,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     worker_timeout: float = 300.0
+    tbt_slo: float | None = None
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs is None and isinstance(self.token_budget, int):
@@ -75,6 +83,8 @@ class EngineConfig:
             _positive("tile_size", self.tile_size)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
         if isinstance(self.worker_timeout, bool) or not isinstance(self.worker_timeout, (int, float)) \

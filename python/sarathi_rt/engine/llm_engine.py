@@ -13,7 +13,9 @@ from sarathi_rt.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeli
 from sarathi_rt.models import resolve_config
 from sarathi_rt.profiling import nvtx_range
 from sarathi_rt.sampling import SamplingParams, as_int
-from sarathi_rt.scheduler import BatchPlan, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler.step_time import StepShape
+from sarathi_rt.step_time import OnlineStepTimeModel
 
 from .config import EngineConfig
 from .executor import Executor, InProcessExecutor
@@ -52,8 +54,11 @@ class LLMEngine:
             # A prompt's next chunk waits for its previous one to leave the pipeline, so
             # each micro-batch in flight needs its own partial prompt to keep stages fed.
             max_partial_prefills=config.pipeline_parallel_size,
-            tile_size=resolve_tile_size(config.tile_size, self.model_config, config))
-        self.scheduler = create_scheduler(self.scheduler_config)
+            enable_prefix_caching=config.enable_prefix_caching,
+            tile_size=resolve_tile_size(config.tile_size, self.model_config, config), tbt_slo=config.tbt_slo)
+        # The adaptive budget's step-time model learns from every step this engine runs.
+        self.step_time_model = OnlineStepTimeModel() if config.tbt_slo is not None else None
+        self.scheduler = create_scheduler(self.scheduler_config, self.step_time_model)
         self.step_metrics: deque[StepMetrics] = deque(maxlen=self.METRICS_WINDOW)
         self.stage_metrics: deque[StageMetrics] = deque(maxlen=self.METRICS_WINDOW)
         self.num_steps = 0
@@ -98,7 +103,7 @@ class LLMEngine:
         metrics = RequestMetrics(arrival_time=float(arrival_time), num_prompt_tokens=len(tokens))
         seq = Sequence(request_id, tokens, params, seed, max_new, frozenset(stops), metrics,
                        logprobs=[] if params.logprobs else None)
-        self.scheduler.add_request(request_id, len(tokens), max_new)  # last: it may refuse
+        self.scheduler.add_request(request_id, len(tokens), max_new, prompt_token_ids=tokens)  # last: it may refuse
         self._seqs[request_id] = seq
 
     def _check_prompt(self, prompt: object) -> list[int]:
@@ -182,6 +187,10 @@ class LLMEngine:
         self._in_flight.append((plan, seqs, start))
         return True
 
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prompt tokens looked up and served from the prefix cache, and evictions."""
+        return self.scheduler.prefix_cache_stats()
+
     def shutdown(self) -> None:
         """Stop the executor's workers (idempotent); the engine cannot step afterwards."""
         self.executor.shutdown()
@@ -191,6 +200,7 @@ class LLMEngine:
         for e, seq in zip(plan.entries, seqs):
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = start
+                seq.metrics.num_cached_tokens = e.start_pos  # what the prefix cache skipped
             chunks.append(SequenceChunk(e.request_id, seq.tokens(e.start_pos, e.num_tokens), e.start_pos,
                                         self.scheduler.block_table(e.request_id),
                                         seq.row_sampling() if e.emits_token else None))
@@ -223,8 +233,13 @@ class LLMEngine:
                 del self._seqs[seq.request_id]
                 self.scheduler.release(seq.request_id)
             outputs.append(seq.to_output(1))
+        predicted = None
+        if self.step_time_model is not None:  # predicted before it learns from this step
+            predicted = self.step_time_model.predict_shape(StepShape.of_plan(plan))
+            self.step_time_model.observe(plan, now - start)
         self.step_metrics.append(StepMetrics(start, now - start, plan.num_tokens, plan.num_prefill_tokens,
-                                             plan.num_decode_tokens, len(plan.entries), plan.tile_padding))
+                                             plan.num_decode_tokens, len(plan.entries), plan.tile_padding,
+                                             predicted))
         self.num_steps += 1
         return outputs
 

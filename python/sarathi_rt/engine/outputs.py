@@ -72,3 +72,8 @@ class RequestOutput:
     metrics: RequestMetrics
     logprobs: Sequence[float] | None = None
     text: str | None = None
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens whose KV came from the prefix cache instead of being computed."""
+        return self.metrics.num_cached_tokens

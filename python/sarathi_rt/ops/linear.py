@@ -9,6 +9,14 @@ would not beat, except in one case that decode steps hit every time: a few rows 
 a weight too large to stay in cache (the LM head). That product is bound by reading the
 weight, which torch's GEMM does at a fraction of memory bandwidth; our kernel streams it
 once (1.2-1.9x faster on the `cpu-small` LM head for 1-16 rows).
+
+On the CPU every row's result is independent of the other rows in the call (batch
+invariance), so a token's activations, KV and logits do not depend on what else shares
+its step: prefix caching and any chunking give bit-identical outputs (see the README).
+oneDNN/MKL choose their kernel, and with it the order of the K reduction, by the row
+count and the thread split; with the rows padded to a multiple of 16 they always run
+the same blocked kernel (tests/test_linear_cpu.py checks it). Streamed weights run our
+kernel in slices of GEMM_SMALL_M rows, whose per-row reduction order is fixed.
 """
 from __future__ import annotations
 
@@ -39,11 +47,12 @@ def _check_linear_args(x: object, weight: object, bias: object) -> None:
 
 # Weights from this size on are read from memory on every call (past the caches).
 _STREAMED_WEIGHT_BYTES = 16 << 20
+_CPU_ROW_TILE = 16
 
 
 def _streams_weight(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     operands = (x2, weight) + (() if bias is None else (bias,))
-    return (0 < x2.shape[0] <= _C.GEMM_SMALL_M and all(t.stride(-1) == 1 for t in operands)
+    return (x2.shape[0] > 0 and all(t.stride(-1) == 1 for t in operands)
             and weight.numel() * weight.element_size() >= _STREAMED_WEIGHT_BYTES)
 
 
@@ -60,11 +69,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     _check_linear_args(x, weight, bias)
     n, k = weight.shape
     x2 = x.reshape(-1, k)
-    if x.device.type == "cpu" and _streams_weight(x2, weight, bias):
-        out = torch.empty(x2.shape[0], n, dtype=x.dtype)
-        torch.ops.sarathi_rt.linear_out(x2, weight, bias, out, 0, 1, torch.empty(0, dtype=torch.uint8))
-        return out.view(*x.shape[:-1], n)
-    if x.device.type != "cuda" or x2.shape[0] == 0 or not _cutlass_can_run(x2, weight, bias):
+    if x.device.type == "cpu":
+        return _cpu_linear(x2, weight, bias).view(*x.shape[:-1], n)
+    if x2.shape[0] == 0 or not _cutlass_can_run(x2, weight, bias):
         return torch.nn.functional.linear(x, weight, bias)
     plan = gemm_plan(x2.shape[0], n, k, x.dtype, x.device)
     out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
@@ -73,6 +80,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                             device=x.device)
     torch.ops.sarathi_rt.linear_out(x2, weight, bias, out, plan.config_id, plan.split_k, workspace)
     return out.view(*x.shape[:-1], n)
+
+
+def _cpu_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Batch-invariant CPU product (see the module docstring)."""
+    m, n = x2.shape[0], weight.shape[0]
+    if _streams_weight(x2, weight, bias):
+        out = torch.empty(m, n, dtype=x2.dtype)
+        none = torch.empty(0, dtype=torch.uint8)
+        for m0 in range(0, m, _C.GEMM_SMALL_M):
+            m1 = min(m, m0 + _C.GEMM_SMALL_M)
+            torch.ops.sarathi_rt.linear_out(x2[m0:m1], weight, bias, out[m0:m1], 0, 1, none)
+        return out
+    pad = -m % _CPU_ROW_TILE
+    if pad:
+        x2 = torch.cat([x2, x2.new_zeros(pad, x2.shape[1])])
+    out = torch.nn.functional.linear(x2, weight, bias)
+    return out[:m] if pad else out
 
 
 @native_op("linear_out", mutates_args=("out", "workspace"))

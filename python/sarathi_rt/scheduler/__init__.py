@@ -5,14 +5,15 @@ from .block_manager import BlockManager
 from .chunking import suggest_chunk_size
 from .config import SchedulerConfig
 from .plan import BatchPlan, PlanEntry
+from .prefix_cache import PrefixCacheStats, block_hashes
 from .policies import (DecodeMaximalScheduler, OrcaScheduler, RequestLevelScheduler,
                        SarathiScheduler, VLLMScheduler)
 from .registry import available_policies, create_scheduler, get_policy, register_policy
 from .request import RequestInfo, RequestStatus
 
 __all__ = [
-    "BatchPlan", "BlockManager", "DecodeMaximalScheduler", "OrcaScheduler", "PlanEntry",
+    "BatchPlan", "BlockManager", "DecodeMaximalScheduler", "OrcaScheduler", "PlanEntry", "PrefixCacheStats",
     "RequestInfo", "RequestLevelScheduler", "RequestStatus", "SarathiScheduler",
     "Scheduler", "SchedulerConfig", "VLLMScheduler", "available_policies",
-    "create_scheduler", "get_policy", "register_policy", "suggest_chunk_size",
+    "block_hashes", "create_scheduler", "get_policy", "register_policy", "suggest_chunk_size",
 ]

@@ -3,13 +3,16 @@ shares. A policy only decides which requests run how many tokens in one step."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from array import array
 from collections import deque
-from typing import ClassVar, Collection, Hashable
+from typing import ClassVar, Collection, Hashable, Sequence
 
 from .block_manager import BlockManager
 from .config import SchedulerConfig
 from .plan import BatchPlan, PlanEntry
+from .prefix_cache import PrefixCacheStats, block_hashes
 from .request import Request, RequestInfo, RequestStatus
+from .step_time import StepTimeModel
 
 RUNNING = RequestStatus.RUNNING
 
@@ -41,10 +44,14 @@ class Scheduler(ABC):
 
     name: ClassVar[str] = ""
     chunked: ClassVar[bool] = True  # False: a prefill always runs whole in one step
+    adaptive: ClassVar[bool] = False  # True: honours config.tbt_slo with a step-time model
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, step_time_model: StepTimeModel | None = None) -> None:
+        if config.tbt_slo is not None and step_time_model is None:
+            raise ValueError("step_time_model is required when tbt_slo is set (the adaptive budget)")
         self.config = config
-        self._blocks = BlockManager(config.num_blocks, config.block_size)
+        self.step_time_model = step_time_model
+        self._blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self._live: dict[Hashable, Request] = {}
         self._done: dict[Hashable, Request] = {}  # kept for request_info until release
         self._waiting: deque[Request] = deque()  # sorted by arrival (FCFS)
@@ -78,8 +85,11 @@ class Scheduler(ABC):
                 f"token_budget ({self.config.token_budget})")
 
     # ------------------------------------------------------------- public API
-    def add_request(self, request_id: Hashable, num_prompt_tokens: int,
-                    max_new_tokens: int) -> None:
+    def add_request(self, request_id: Hashable, num_prompt_tokens: int, max_new_tokens: int, *,
+                    prompt_token_ids: Sequence[int] | None = None) -> None:
+        """Queue a request. With prefix caching on, `prompt_token_ids` let it reuse the
+        KV of a cached prompt prefix: its first PlanEntry then starts at the number of
+        tokens it skipped (whole blocks, never the last prompt token)."""
         if request_id in self._live:
             raise ValueError(f"request_id {request_id!r} is already scheduled")
         for name, value in (("num_prompt_tokens", num_prompt_tokens),
@@ -87,9 +97,10 @@ class Scheduler(ABC):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self._check_fits(num_prompt_tokens, max_new_tokens)
+        keys = self._prompt_keys(num_prompt_tokens, prompt_token_ids)
         self._done.pop(request_id, None)
         req = Request(request_id, num_prompt_tokens, max_new_tokens, self._arrivals,
-                      prefill_target=num_prompt_tokens)
+                      prefill_target=num_prompt_tokens, block_keys=keys)
         self._arrivals += 1
         self._live[request_id] = req
         self._waiting.append(req)
@@ -135,6 +146,8 @@ class Scheduler(ABC):
                 self._blocks.release(req.blocks)
                 continue
             req.num_computed += entry.num_tokens
+            if req.num_keyed < len(req.block_keys):
+                self._register_computed(req)
             if entry.emits_token:
                 req.num_generated += 1
                 if req.num_generated >= req.max_new_tokens or \
@@ -142,6 +155,20 @@ class Scheduler(ABC):
                     self._retire(req, RequestStatus.FINISHED)
                     finished.append(req.request_id)
         return finished
+
+    def _prompt_keys(self, num_prompt_tokens: int, prompt_token_ids: Sequence[int] | None) -> list[bytes]:
+        if prompt_token_ids is None:
+            return []
+        if len(prompt_token_ids) != num_prompt_tokens:
+            raise ValueError(f"prompt_token_ids has {len(prompt_token_ids)} ids but "
+                             f"num_prompt_tokens is {num_prompt_tokens}")
+        if not self._blocks.caching:
+            return []
+        try:
+            ids = array("q", prompt_token_ids)
+        except (TypeError, OverflowError):
+            raise ValueError("prompt_token_ids must hold ints that fit in 64 bits") from None
+        return block_hashes(ids, self.config.block_size)
 
     def abort(self, request_id: Hashable) -> bool:
         """Drop a request in any state; False if it is not live. The blocks of a
@@ -160,7 +187,18 @@ class Scheduler(ABC):
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks a request can get: never-used or freed ones plus cached blocks that
+        no request references (evicted on demand)."""
         return self._blocks.num_free
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Of num_free_blocks, those still holding a cached prefix."""
+        return self._blocks.num_cached_free
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prompt tokens looked up, served from the cache, and blocks evicted so far."""
+        return self._blocks.stats()
 
     @property
     def num_waiting(self) -> int:
@@ -252,10 +290,13 @@ class Scheduler(ABC):
                        keep_free: int = 0) -> int:
         """Tokens of `req`'s prefill that fit this step: at most `cap`, the budget left
         and what the cache can hold beyond `keep_free` blocks; trimmed to a tile
-        boundary of the whole step when cut short. 0 if nothing fits."""
-        left = req.prefill_target - req.num_computed
-        room = (len(req.blocks) + self._blocks.num_free - keep_free) * self.config.block_size
-        n = min(left, cap, b.budget_left, room - req.num_computed)
+        boundary of the whole step when cut short. 0 if nothing fits. For the waiting
+        head, its matched cached prefix counts as computed and held."""
+        left = req.prefill_left
+        start = req.prefill_target - left
+        held = len(req.blocks) + len(req.matched)
+        room = (held + self._blocks.num_free - req.matched_idle - keep_free) * self.config.block_size
+        n = min(left, cap, b.budget_left, room - start)
         tile = self.config.tile_size
         if tile and 0 < n < left:
             before = b.plan.num_prefill_tokens + b.plan.num_decode_tokens
@@ -274,19 +315,47 @@ class Scheduler(ABC):
         # The watermark only protects running requests; an empty cache admits anyone.
         return self.config.watermark_blocks if self._running else 0
 
+    def _waiting_head(self) -> Request:
+        """The head of the queue with its cached prompt prefix matched (taken only by
+        `_admit`). Policies read the head through this before sizing its chunk."""
+        req = self._waiting[0]
+        if req.block_keys:
+            # The last prompt token is always computed, so the request gets its logits.
+            limit = (req.prefill_target - 1) // self.config.block_size
+            req.matched, req.matched_idle = self._blocks.match(req.block_keys, limit)
+            req.matched_tokens = len(req.matched) * self.config.block_size
+        return req
+
     def _admit(self, b: StepBuilder, n: int) -> None:
-        """Move the head of the queue to running and give it `n` prefill tokens."""
-        req = self._waiting.popleft()
+        """Move the head of the queue to running and give it `n` prefill tokens (after
+        its cached prefix, which it now shares)."""
+        # Match again: within a build nothing evicts between sizing and admitting, but a
+        # policy that sized the chunk from self._waiting[0] must not take stale blocks.
+        req = self._waiting_head()
+        self._waiting.popleft()
         req.status = RUNNING
         self._running[req.request_id] = req
+        if self._blocks.caching:
+            self._blocks.reuse(req.matched, req.prefill_target)
+            req.blocks, req.num_computed, req.num_keyed = req.matched, req.matched_tokens, len(req.matched)
+            req.matched, req.matched_tokens, req.matched_idle = [], 0, 0
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = req.num_computed
         self._run_prefill(b, req, n)
+
+    def _register_computed(self, req: Request) -> None:
+        """Publish the prompt blocks whose KV the request has now fully computed."""
+        full = min(req.num_computed // self.config.block_size, len(req.block_keys))
+        for i in range(req.num_keyed, full):
+            self._blocks.register(req.blocks[i], req.block_keys[i])
+        req.num_keyed = max(req.num_keyed, full)
 
     def _admit_whole_prompts(self, b: StepBuilder) -> None:
         """FCFS admission of whole prefills (the unchunked policies)."""
         while b.admission_open and self._waiting and \
                 len(self._running) < self.config.max_num_seqs:
-            req = self._waiting[0]
-            left = req.prefill_target
+            req = self._waiting_head()
+            left = req.prefill_left
             if self._prefill_chunk(b, req, left, self._admit_keep_free()) < left:
                 return
             self._admit(b, left)
@@ -297,7 +366,7 @@ class Scheduler(ABC):
         self._blocks.release(req.blocks)
         del self._running[req.request_id]
         req.status = RequestStatus.WAITING
-        req.num_computed = 0
+        req.num_computed = req.num_keyed = 0
         req.prefill_target = req.num_prompt_tokens + req.num_generated
         req.num_preemptions += 1
         self._waiting.appendleft(req)

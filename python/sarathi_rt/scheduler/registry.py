@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     from .base import Scheduler
     from .config import SchedulerConfig
+    from .step_time import StepTimeModel
 
 _POLICIES: dict[str, type[Scheduler]] = {}
 S = TypeVar("S", bound="type[Scheduler]")
@@ -32,8 +33,9 @@ def get_policy(name: str) -> type[Scheduler]:
         raise ValueError(f"policy must be one of {sorted(_POLICIES)}, got {name!r}") from None
 
 
-def create_scheduler(config: SchedulerConfig) -> Scheduler:
-    return get_policy(config.policy)(config)
+def create_scheduler(config: SchedulerConfig, step_time_model: StepTimeModel | None = None) -> Scheduler:
+    """The policy's scheduler; `step_time_model` sizes each step when config.tbt_slo is set."""
+    return get_policy(config.policy)(config, step_time_model)
 
 
 def _load_builtin() -> None:

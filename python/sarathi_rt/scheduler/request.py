@@ -29,15 +29,30 @@ class Request:
     in_flight: bool = False  # part of a plan not yet passed to update()
     first_scheduled_step: int | None = None
     num_preemptions: int = 0
+    # Prefix caching: keys of the prompt's full blocks; the cached blocks the head of
+    # the queue matched (taken only on admission); blocks registered or reused so far;
+    # prompt tokens skipped at the first admission.
+    block_keys: list[bytes] = field(default_factory=list)
+    matched: list[int] = field(default_factory=list)
+    matched_tokens: int = 0
+    matched_idle: int = 0  # of `matched`, blocks nobody references (they count as free)
+    num_keyed: int = 0
+    num_cached_tokens: int = 0
 
     @property
     def is_prefill(self) -> bool:
         return self.num_computed < self.prefill_target
 
+    @property
+    def prefill_left(self) -> int:
+        """Prefill tokens still to compute (for the waiting head: after its match)."""
+        return self.prefill_target - self.num_computed - self.matched_tokens
+
     def info(self) -> RequestInfo:
         return RequestInfo(self.request_id, self.num_prompt_tokens, self.max_new_tokens,
                            self.arrival, self.status, self.num_computed, self.num_generated,
-                           len(self.blocks), self.first_scheduled_step, self.num_preemptions)
+                           len(self.blocks), self.first_scheduled_step, self.num_preemptions,
+                           self.num_cached_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +69,4 @@ class RequestInfo:
     num_blocks: int
     first_scheduled_step: int | None
     num_preemptions: int
+    num_cached_tokens: int = 0  # prompt tokens the first admission took from the prefix cache

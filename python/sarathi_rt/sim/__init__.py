@@ -1,7 +1,8 @@
 """Trace-driven serving simulation: the real schedulers with cost models for the device."""
-from .cost import (A100, CostModel, Hardware, LinearCostModel, TableCostModel, VidurCostModel,
-                   interpolate_measured)
+from .cost import CostModel, LinearCostModel, TableCostModel, VidurCostModel, interpolate_measured
+from .hardware import A100, H100, H200, HARDWARE, Hardware, get_hardware, infer_hardware
 from .simulator import SimResult, simulate
 
-__all__ = ["A100", "CostModel", "Hardware", "LinearCostModel", "SimResult", "TableCostModel",
-           "VidurCostModel", "interpolate_measured", "simulate"]
+__all__ = ["A100", "CostModel", "H100", "H200", "HARDWARE", "Hardware", "LinearCostModel", "SimResult",
+           "TableCostModel", "VidurCostModel", "get_hardware", "infer_hardware", "interpolate_measured",
+           "simulate"]

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from sarathi_rt.scheduler import BatchPlan
+from sarathi_rt.scheduler.step_time import StepShape
+
+from .hardware import A100, Hardware, get_hardware, infer_hardware
 
 
 class CostModel(Protocol):
@@ -26,6 +29,20 @@ class CostModel(Protocol):
 
     def comm_time(self, num_tokens: int) -> float:
         """Seconds to send the activations of `num_tokens` tokens to the next pipeline stage."""
+
+
+class ShapeCost:
+    """A cost model that reads only the step's shape. It is also the simulator's step-time
+    model for the adaptive budget (exact by construction, so it learns nothing)."""
+
+    def predict_shape(self, shape: StepShape) -> float:
+        raise NotImplementedError
+
+    def step_time(self, plan: BatchPlan) -> float:
+        return self.predict_shape(StepShape.of_plan(plan))
+
+    def observe(self, plan: BatchPlan, seconds: float) -> None:
+        """Nothing to learn: the simulator's steps take what this model says."""
 
 
 def interpolate_measured(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
@@ -45,7 +62,7 @@ def interpolate_measured(xs: Sequence[float], ys: Sequence[float], x: float) -> 
 
 
 @dataclass(frozen=True)
-class LinearCostModel:
+class LinearCostModel(ShapeCost):
     """T(plan) = fixed_s + per_token_s * num_tokens; comm_s per pipeline hop."""
 
     fixed_s: float = 0.01
@@ -57,14 +74,14 @@ class LinearCostModel:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
-    def step_time(self, plan: BatchPlan) -> float:
-        return self.fixed_s + self.per_token_s * plan.num_tokens
+    def predict_shape(self, shape: StepShape) -> float:
+        return self.fixed_s + self.per_token_s * shape.num_tokens
 
     def comm_time(self, num_tokens: int) -> float:
         return self.comm_s
 
 
-class TableCostModel:
+class TableCostModel(ShapeCost):
     """Step time interpolated from measured (num_tokens, seconds) points, e.g. a
     `StepTimeProfile`. The points were taken with representative decode counts and
     context lengths, so the model depends on the token count only."""
@@ -81,27 +98,12 @@ class TableCostModel:
         self._ys = [float(s) for _, s in pairs]
         self.comm_s = comm_s
 
-    def step_time(self, plan: BatchPlan) -> float:
-        return interpolate_measured(self._xs, self._ys, plan.num_tokens)
+    def predict_shape(self, shape: StepShape) -> float:
+        return interpolate_measured(self._xs, self._ys, shape.num_tokens)
 
     def comm_time(self, num_tokens: int) -> float:
         return self.comm_s
 
-
-@dataclass(frozen=True)
-class Hardware:
-    """Peak numbers of one GPU. `link_bw`: bytes/s between pipeline stages."""
-
-    name: str
-    peak_flops: float
-    mem_bw: float
-    link_bw: float = 25e9  # 200 Gb/s InfiniBand between nodes
-    link_latency_s: float = 10e-6
-    allreduce_bw: float = 150e9  # NVLink bus bandwidth a ring all-reduce reaches
-
-
-# bf16 dense tensor-core peak and HBM2e bandwidth of an A100-80GB.
-A100 = Hardware("a100", peak_flops=312e12, mem_bw=2.0e12)
 
 # Every per-layer op in vidur's mlp.csv; `add` (the residual add) runs twice a layer.
 _LAYER_OPS = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_post_proj": 1,
@@ -109,7 +111,7 @@ _LAYER_OPS = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_po
               "add": 2}
 
 
-class VidurCostModel:
+class VidurCostModel(ShapeCost):
     """Step time for a LLaMA-style model from vidur's measured per-op GPU times.
 
     Linear layers, norms, rope and activation: the sum of the ops' median times at
@@ -121,9 +123,12 @@ class VidurCostModel:
     and every request reads its K and V once. The LM head is a GEMM over the tokens
     that sample, at gemm_eff of peak. Tensor parallelism picks the profile's rows for
     `tp` workers, splits heads, and adds two ring all-reduces per layer.
+
+    hardware: a `Hardware` or preset name; None takes the GPU the profile's path names
+    (``h100_...mlp.csv``), else the A100 that vidur's bundled profiles were taken on.
     """
 
-    def __init__(self, profile_path: str, num_layers: int = 32, tp: int = 1, hardware: Hardware = A100,
+    def __init__(self, profile_path: str, num_layers: int = 32, tp: int = 1, hardware: Hardware | str | None = None,
                  attn_flops_eff: float = 0.5, attn_bw_eff: float = 0.7, gemm_eff: float = 0.7,
                  dtype_bytes: int = 2) -> None:
         if not isinstance(num_layers, int) or num_layers <= 0:
@@ -138,7 +143,9 @@ class VidurCostModel:
             raise ValueError(f"tp={tp!r} is not in profile {profile_path!r} (it has {tps})")
         rows = [r for r in rows if int(r["num_tensor_parallel_workers"]) == tp]
         shape = rows[0]
-        self.num_layers, self.tp, self.hw = num_layers, tp, hardware
+        if hardware is None:
+            hardware = infer_hardware(profile_path) or A100
+        self.num_layers, self.tp, self.hw = num_layers, tp, get_hardware(hardware)
         self.n_head = int(shape["n_head"]) // tp
         self.n_kv_head = max(1, int(shape["n_kv_head"]) // tp)
         self.hidden = int(shape["n_embd"])
@@ -159,10 +166,13 @@ class VidurCostModel:
         self._emb_s = [1e-3 * sum(emb[n]) / len(emb[n]) for n in sorted(emb)]
         self._dense_cache: dict[int, float] = {}
 
-    def kv_cache_blocks(self, block_size: int = 16, mem_bytes: float = 80e9, utilization: float = 0.9,
+    def kv_cache_blocks(self, block_size: int = 16, mem_bytes: float | None = None, utilization: float = 0.9,
                         pipeline_stages: int = 1) -> int:
-        """KV blocks that fit beside the weights when each GPU of mem_bytes holds one TP
-        shard of 1/pipeline_stages of the layers (every stage holds the same blocks)."""
+        """KV blocks that fit beside the weights when each GPU of mem_bytes (default: the
+        hardware's memory) holds one TP shard of 1/pipeline_stages of the layers (every
+        stage holds the same blocks)."""
+        if mem_bytes is None:
+            mem_bytes = self.hw.mem_bytes
         h, kv = self.hidden, self._full_kv_heads * self.head_dim
         per_layer = 2 * h * h + 2 * h * kv + (3 if self._gated else 2) * h * self.intermediate
         weights = (self.num_layers * per_layer + 2 * self.vocab * h) * self.dtype_bytes / self.tp / pipeline_stages
@@ -185,26 +195,20 @@ class VidurCostModel:
             self._dense_cache[num_tokens] = t
         return t
 
-    def attention_and_head_time(self, plan: BatchPlan) -> tuple[float, float]:
-        """(attention, LM head) seconds of `plan`; one pass over its entries, since the
-        simulator calls this for every step."""
-        keys = kv_tokens = sampled = 0  # keys: (query, key) pairs
-        for e in plan.entries:
-            q, start = e.num_tokens, e.start_pos
-            keys += q * start + q * (q + 1) // 2
-            kv_tokens += start + q
-            sampled += e.emits_token
+    def attention_and_head_time(self, shape: StepShape) -> tuple[float, float]:
+        """(attention, LM head) seconds of a step of this shape."""
         hw = self.hw
+        keys = shape.prefill_pairs + shape.decode_kv  # (query, key) pairs; a decode's query sees s + 1 keys
         flops = 4 * self.n_head * self.head_dim * keys
-        nbytes = 2 * kv_tokens * self.n_kv_head * self.head_dim * self.dtype_bytes
+        nbytes = 2 * (shape.prefill_kv + shape.decode_kv) * self.n_kv_head * self.head_dim * self.dtype_bytes
         attention = self.num_layers * max(flops / (hw.peak_flops * self.attn_flops_eff),
                                           nbytes / (hw.mem_bw * self.attn_bw_eff))
-        head = 2 * sampled * self.hidden * self.vocab / self.tp / (hw.peak_flops * self.gemm_eff)
+        head = 2 * shape.num_sampled * self.hidden * self.vocab / self.tp / (hw.peak_flops * self.gemm_eff)
         return attention, head
 
-    def step_time(self, plan: BatchPlan) -> float:
+    def predict_shape(self, shape: StepShape) -> float:
         # The measured times already hold the tile staircase: no padding is added.
-        return self.dense_time(plan.num_tokens) + sum(self.attention_and_head_time(plan))
+        return self.dense_time(shape.num_tokens) + sum(self.attention_and_head_time(shape))
 
     def comm_time(self, num_tokens: int) -> float:
         return self.hw.link_latency_s + num_tokens * self.hidden * self.dtype_bytes / self.hw.link_bw

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from sarathi_rt.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
-from sarathi_rt.scheduler import BatchPlan, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler.step_time import StepTimeModel
 from sarathi_rt.workloads import RequestSpec
 
 from .cost import CostModel
@@ -26,7 +27,8 @@ class SimResult:
     """Per-request (in workload order) and per-step records of one simulated run.
 
     stage_busy: seconds each pipeline stage computed or sent. bubble_times: per
-    request, seconds its micro-batches waited between stages for a busy stage."""
+    request, seconds its micro-batches waited between stages for a busy stage.
+    prefix_cache: the scheduler's prefix-cache counters at the end of the run."""
 
     policy: str
     pipeline_stages: int
@@ -35,6 +37,7 @@ class SimResult:
     makespan: float
     stage_busy: list[float] = field(default_factory=list)
     bubble_times: list[float] = field(default_factory=list)
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     @property
     def stage_idle(self) -> list[float]:
@@ -52,10 +55,14 @@ class _InFlight:
 
 
 def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig, cost_model: CostModel,
-             *, pipeline_stages: int = 1, progress: Callable[[int], None] | None = None) -> SimResult:
+             *, pipeline_stages: int = 1, progress: Callable[[int], None] | None = None,
+             step_time_model: StepTimeModel | None = None) -> SimResult:
     """Replay `workload` (sorted by arrival) through `scheduler_config.policy` with step
     times from `cost_model`. Deterministic: the same inputs give the same result.
-    `progress(n)` is called with the number of requests each step finished."""
+    `progress(n)` is called with the number of requests each step finished.
+
+    With scheduler_config.tbt_slo the adaptive budget asks `step_time_model` (default:
+    the cost model itself, which knows every step exactly); it observes each step."""
     if not isinstance(pipeline_stages, int) or isinstance(pipeline_stages, bool) or pipeline_stages <= 0:
         raise ValueError(f"pipeline_stages must be a positive int, got {pipeline_stages!r}")
     if any(b.arrival_time < a.arrival_time for a, b in zip(workload, workload[1:])):
@@ -63,7 +70,10 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     ids = [r.request_id for r in workload]
     if len(set(ids)) != len(ids):
         raise ValueError("workload has duplicate request ids")
-    sched = create_scheduler(scheduler_config)
+    if scheduler_config.tbt_slo is not None and step_time_model is None:
+        step_time_model = cost_model  # type: ignore[assignment]
+    sched = create_scheduler(scheduler_config, step_time_model)
+    learner = step_time_model if step_time_model is not cost_model else None
     k = pipeline_stages
     index = {rid: i for i, rid in enumerate(ids)}
     records = [RequestMetrics(r.arrival_time, r.num_prompt_tokens) for r in workload]
@@ -78,7 +88,8 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     while True:
         while nxt < len(workload) and workload[nxt].arrival_time <= now:
             r = workload[nxt]
-            sched.add_request(r.request_id, r.num_prompt_tokens, r.num_decode_tokens)
+            sched.add_request(r.request_id, r.num_prompt_tokens, r.num_decode_tokens,
+                              prompt_token_ids=r.prompt_token_ids)
             nxt += 1
         if len(inflight) < k and free_at[0] <= now and sched.has_unfinished():
             plan = sched.schedule()
@@ -88,6 +99,8 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
                 sched.update(plan)  # nothing runnable until an arrival or a completion
             else:
                 done_at = _issue(plan, now, cost_model, k, free_at, busy, bubbles, index)
+                if learner is not None:
+                    learner.observe(plan, done_at - now)
                 inflight.append(_InFlight(now, done_at, plan))
                 steps.append(StepMetrics(now, done_at - now, plan.num_tokens, plan.num_prefill_tokens,
                                          plan.num_decode_tokens, len(plan.entries), plan.tile_padding))
@@ -109,7 +122,8 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
 
     makespan = max((r.finish_time for r in records if r.finish_time is not None), default=now)
     start = workload[0].arrival_time if workload else 0.0
-    return SimResult(scheduler_config.policy, k, records, steps, makespan - start, busy, bubbles)
+    return SimResult(scheduler_config.policy, k, records, steps, makespan - start, busy, bubbles,
+                     sched.prefix_cache_stats())
 
 
 def _issue(plan: BatchPlan, now: float, cost_model: CostModel, k: int, free_at: list[float],
@@ -142,6 +156,7 @@ def _complete(f: _InFlight, sched, records: list[RequestMetrics], index: dict,
         rec = records[index[e.request_id]]
         if rec.first_scheduled_time is None:
             rec.first_scheduled_time = f.issued_at
+            rec.num_cached_tokens = e.start_pos  # cached tokens cost no compute: not in the plan
         if e.emits_token:
             rec.token_times.append(t)
             if rec.first_token_time is None:

@@ -27,7 +27,7 @@ class DecodeMaximalScheduler(Scheduler):
             return  # the one prefill is in flight in another plan
         if b.admission_open and self._waiting and \
                 len(self._running) < self.config.max_num_seqs:
-            n = self._prefill_chunk(b, self._waiting[0], self.config.chunk_size,
+            n = self._prefill_chunk(b, self._waiting_head(), self.config.chunk_size,
                                     self._admit_keep_free())
             if n > 0:
                 self._admit(b, n)

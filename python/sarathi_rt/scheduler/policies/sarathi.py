@@ -4,6 +4,11 @@ from __future__ import annotations
 from ..base import Scheduler, StepBuilder
 from ..request import Request, RequestStatus
 from ..registry import register_policy
+from ..step_time import adaptive_prefill_tokens
+
+# Prefill tokens a step may take, when it runs nothing else, if even that breaks the
+# SLO and no tile size is set: the prompt must move.
+MIN_PREFILL_PROGRESS = 128
 
 
 @register_policy
@@ -13,9 +18,14 @@ class SarathiScheduler(Scheduler):
     long_prefill_threshold takes at most that many tokens per step, and up to
     max_partial_prefills prompts may be left half-done at the end of a step, so a
     prompt queued behind a huge one starts within a step or two instead of waiting
-    for the whole huge prefill. Admission stays strictly FCFS."""
+    for the whole huge prefill. Admission stays strictly FCFS.
+
+    With config.tbt_slo (adaptive budget) the step's budget is sized after the decodes
+    are in: the decodes plus the most tile-aligned prefill tokens whose predicted step
+    time meets the SLO less the margin, capped by token_budget."""
 
     name = "sarathi"
+    adaptive = True
 
     def _cap(self, req: Request) -> int:
         threshold = self.config.long_prefill_threshold
@@ -26,6 +36,8 @@ class SarathiScheduler(Scheduler):
     def _build(self, b: StepBuilder) -> None:
         decodes, prefills = self._split_running()
         self._schedule_decodes(b, decodes)
+        if self.config.tbt_slo is not None:
+            self._size_budget(b, prefills)
         # Prompts that will still be partial after this step (in-flight ones counted
         # as partial, conservatively); a newcomer may only add to these within limits.
         num_partial = sum(1 for r in self._running.values()
@@ -41,12 +53,31 @@ class SarathiScheduler(Scheduler):
         cfg = self.config
         while b.admission_open and self._waiting and b.budget_left > 0 and \
                 len(self._running) < cfg.max_num_seqs:
-            req = self._waiting[0]
+            req = self._waiting_head()
             n = self._prefill_chunk(b, req, self._cap(req), self._admit_keep_free())
             if n <= 0:
                 return
-            if n < req.prefill_target:
+            if n < req.prefill_left:
                 if num_partial >= cfg.max_partial_prefills:
                     return
                 num_partial += 1
             self._admit(b, n)
+
+    def _size_budget(self, b: StepBuilder, prefills: list[Request]) -> None:
+        """Set the step's budget from the step-time model. Decodes are never dropped;
+        a step with no prefill work to do keeps exactly its decodes (no padding)."""
+        plan, cfg = b.plan, self.config
+        num_decodes = plan.num_decode_tokens
+        waiting = self._waiting and b.admission_open and len(self._running) < cfg.max_num_seqs
+        head = next((r for r in prefills if r.status is RequestStatus.RUNNING), None)
+        if head is None and not waiting:
+            b.budget = num_decodes
+            return
+        decode_kv = num_decodes + sum(e.start_pos for e in plan.entries)
+        context = head.num_computed if head is not None else 0
+        quantum = cfg.tile_size or 1
+        n = adaptive_prefill_tokens(self.step_time_model, cfg.tbt_slo * (1 - cfg.slo_margin),  # type: ignore
+                                    num_decodes, decode_kv, context, cfg.token_budget, quantum)
+        if n == 0 and not plan.entries:
+            n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
+        b.budget = num_decodes + n

@@ -1,0 +1,39 @@
+"""Prefix-cache keys: a chained hash per full KV block of a prompt.
+
+A block's key digests its parent block's key and its own token ids, so equal token runs
+at different prefixes get different keys; blake2b makes collisions (two different
+prefixes sharing KV) practically impossible, unlike Python's `hash`."""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import dataclass
+from typing import Sequence
+
+_ROOT = b"sarathi_rt.prefix_cache.v1"
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
+    """Keys of the full blocks of `token_ids` (a trailing partial block has none)."""
+    keys: list[bytes] = []
+    parent = _ROOT
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        block = array("q", token_ids[start:start + block_size]).tobytes()
+        parent = hashlib.blake2b(parent + block, digest_size=32).digest()
+        keys.append(parent)
+    return keys
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """Since the scheduler was created: `queries` prompt tokens looked up at admission
+    (a request re-admitted after preemption counts again), `hits` of them served from
+    the cache, `evictions` cached blocks reused for other contents."""
+
+    queries: int = 0
+    hits: int = 0
+    evictions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0

@@ -1,0 +1,95 @@
+"""What a step costs, as the adaptive token budget asks it: the shape of a step (its
+prefill tokens with their context, its decodes with theirs, the rows it samples) and
+the protocol of a model that predicts the step's time from that shape."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from .plan import BatchPlan
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """Sums over a step's entries that its cost depends on.
+
+    prefill_pairs: (query, key) pairs of the prefill chunks: a chunk of q tokens from
+        position s attends to s + 1, ..., s + q keys.
+    prefill_kv / decode_kv: KV tokens the chunks / decodes read (s + q per entry).
+    """
+
+    num_prefill_tokens: int = 0
+    prefill_pairs: int = 0
+    prefill_kv: int = 0
+    num_decodes: int = 0
+    decode_kv: int = 0
+    num_sampled: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decodes
+
+    @classmethod
+    def of_plan(cls, plan: BatchPlan) -> StepShape:
+        pairs = pkv = decodes = dkv = sampled = 0
+        for e in plan.entries:
+            q, s = e.num_tokens, e.start_pos
+            if e.is_prefill:
+                pairs += q * s + q * (q + 1) // 2
+                pkv += s + q
+            else:  # a decode (or a speculative run of q tokens) over s cached tokens
+                decodes += q
+                dkv += s + q
+            sampled += e.emits_token
+        return cls(plan.num_prefill_tokens, pairs, pkv, decodes, dkv, sampled)
+
+    @classmethod
+    def hybrid(cls, num_prefill_tokens: int, prefill_context: int, num_decodes: int,
+               decode_kv: int) -> StepShape:
+        """`num_decodes` decodes reading `decode_kv` KV tokens in all, plus one prefill
+        chunk of `num_prefill_tokens` from position `prefill_context` that is assumed to
+        sample (the conservative case: it completes its prompt)."""
+        q, s = num_prefill_tokens, prefill_context
+        if q <= 0:
+            return cls(0, 0, 0, num_decodes, decode_kv, num_decodes)
+        return cls(q, q * s + q * (q + 1) // 2, s + q, num_decodes, decode_kv, num_decodes + 1)
+
+
+class StepTimeModel(Protocol):
+    """Predicts one step's seconds from its shape. In the simulator it is the cost
+    model itself; in the engine it learns from the steps it observes."""
+
+    def predict_shape(self, shape: StepShape) -> float:
+        """Seconds for a step of this shape (a high quantile, not the mean, when the
+        model is uncertain: the adaptive budget guards P99 TBT with it)."""
+
+    def observe(self, plan: BatchPlan, seconds: float) -> None:
+        """Learn from a step that ran `plan` in `seconds` (a no-op for fixed models)."""
+
+
+def predict(model: StepTimeModel, num_prefill_tokens: int, decode_contexts: Sequence[int],
+            prefill_context: int = 0) -> float:
+    """Seconds for a step of `num_prefill_tokens` prefill tokens from `prefill_context`
+    beside one decode over each of `decode_contexts` cached tokens."""
+    decode_kv = sum(decode_contexts) + len(decode_contexts)
+    return model.predict_shape(StepShape.hybrid(num_prefill_tokens, prefill_context, len(decode_contexts),
+                                                decode_kv))
+
+
+def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int, decode_kv: int,
+                            prefill_context: int, max_tokens: int, quantum: int) -> int:
+    """The most prefill tokens n (with num_decodes + n a multiple of `quantum`, and at
+    most max_tokens - num_decodes) whose predicted step stays within `limit` seconds;
+    0 when none does. Binary search: step time grows with n; a model that is not
+    monotone still gets a step within the limit, if not the largest."""
+    lo = num_decodes // quantum + 1  # the fewest quanta that hold every decode and >= 1 prefill token
+    hi = max_tokens // quantum
+    best = 0
+    while lo <= hi:
+        k = (lo + hi) // 2
+        n = k * quantum - num_decodes
+        if model.predict_shape(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv)) <= limit:
+            best, lo = n, k + 1
+        else:
+            hi = k - 1
+    return best

@@ -1,0 +1,112 @@
+"""Measure an engine's steps by shape for ShapeCostModel (`sarathi-rt profile`): decode-
+only batches on a dense grid up to max_num_seqs, prefill chunks up to the largest
+chunk, and mixed batches, at the workload's mean context and at a quarter of it (two
+contexts tell the attention terms from the dense ones); then a short real run of the
+workload measures the host's per-step overhead."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING, Sequence
+
+from sarathi_rt.sim.shape_model import MeasuredStep, ShapeProfile
+from sarathi_rt.workloads import RequestSpec
+
+if TYPE_CHECKING:
+    from sarathi_rt.engine import LLMEngine
+
+
+def decode_grid(max_decodes: int) -> list[int]:
+    """Every count up to 8, then every 2 to 16, every 4 to 64, every 16 beyond."""
+    grid = {d for d in range(1, max_decodes + 1)
+            if d <= 8 or (d <= 16 and d % 2 == 0) or (d <= 64 and d % 4 == 0) or d % 16 == 0}
+    return sorted(grid | {max_decodes})
+
+
+def chunk_grid(max_chunk: int) -> list[int]:
+    grid, q = set(), 16
+    while q < max_chunk:
+        grid.update((q, q + q // 2))
+        q *= 2
+    return sorted({g for g in grid if g < max_chunk} | {max_chunk})
+
+
+def profile_batches(context_len: int, max_decodes: int, max_chunk: int) -> list[tuple[int, int, int, int]]:
+    """(num_prefill_tokens, prefill_context, num_decodes, decode_context) of each batch."""
+    batches = []
+    for ctx in sorted({max(1, context_len // 4), context_len}):
+        batches += [(0, 0, d, ctx) for d in decode_grid(max_decodes)]
+        batches += [(q, ctx, 0, 0) for q in chunk_grid(max_chunk)]
+    for d in sorted({1, max(1, max_decodes // 4), max_decodes}):
+        batches += [(q, context_len, d, context_len) for q in sorted({16, max_chunk // 4, max_chunk}) if q > 0]
+    return batches
+
+
+def measure(engine: LLMEngine, batches: Sequence[tuple[int, int, int, int]], *, repeats: int = 3,
+            warmup: int = 1) -> list[MeasuredStep]:
+    """Wall time of each batch through the engine's executor (model forward and
+    sampling), `repeats` times after `warmup`. The engine must be idle: the batches
+    write throwaway KV into its cache blocks."""
+    from sarathi_rt.engine.step_io import RowSampling, SequenceChunk, StepInput
+
+    if engine.has_unfinished():
+        raise ValueError("engine has unfinished requests; profiling needs an idle engine")
+    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
+    bs, num_blocks = engine.config.block_size, engine.executor.num_kv_blocks
+    vocab = engine.model_config.vocab_size
+    greedy = RowSampling(temperature=0.0, top_k=None, top_p=1.0, seed=0, num_generated=0)
+    out = []
+    for q, pctx, d, dctx in batches:
+        rows = [(dctx, 1, True)] * d + ([(pctx, q, False)] if q else [])
+        chunks, next_block = [], 0
+        for i, (start, n, sample) in enumerate(rows):
+            need = -(-(start + n) // bs)
+            if next_block + need > num_blocks:
+                raise ValueError(f"a batch of {d} decodes at context {dctx} and a {q}-token chunk at {pctx} "
+                                 f"needs more than the engine's {num_blocks} KV blocks")
+            ids = [(7919 * (i + 1) + 31 * k) % vocab for k in range(n)]
+            chunks.append(SequenceChunk(i, ids, start, list(range(next_block, next_block + need)),
+                                        greedy if sample else None))
+            next_block += need
+        step = StepInput(0, chunks)
+        times = []
+        for r in range(warmup + repeats):
+            t0 = time.perf_counter()
+            engine.executor.execute(step)
+            if r >= warmup:
+                times.append(time.perf_counter() - t0)
+        out.append(MeasuredStep(q, pctx, d, dctx, False, tuple(times)))
+    return out
+
+
+def host_overhead(engine: LLMEngine, workload: Sequence[RequestSpec], seed: int) -> float:
+    """Median over the steps of a real run of the workload of (engine step time - the
+    executor's time): scheduling, building inputs and handling outputs."""
+    from sarathi_rt.replay import replay
+
+    executor = engine.executor
+    submit, executed = executor.submit, []
+
+    def timed_submit(step) -> None:  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        submit(step)
+        executed.append(time.perf_counter() - t0)
+
+    executor.submit = timed_submit  # type: ignore[method-assign]
+    try:
+        _, steps = replay(engine, workload, seed=seed)
+    finally:
+        del executor.submit  # back to the class's method
+    return statistics.median(s.duration - e for s, e in zip(steps, executed)) if steps else 0.0
+
+
+def profile_engine(engine: LLMEngine, context_len: int, max_decodes: int, max_chunk: int,
+                   calibration: Sequence[RequestSpec], *, repeats: int = 3, seed: int = 0,
+                   engine_settings: dict | None = None) -> ShapeProfile:
+    """The profile `sarathi-rt profile` saves; `calibration`: requests for the host
+    overhead's real run (none: no host term)."""
+    steps = measure(engine, profile_batches(context_len, max_decodes, max_chunk), repeats=repeats)
+    host = host_overhead(engine, calibration, seed) if calibration else 0.0
+    return ShapeProfile(tuple(steps), host, dict(engine_settings or {}),
+                        label=f"{engine.config.model} on {engine.config.device}")

@@ -1,0 +1,112 @@
+"""The engine's step-time model: learned online from the steps it runs, so the adaptive
+token budget (SchedulerConfig.tbt_slo) can size each step to the TBT target on any
+machine without a profile.
+
+Step time is a linear function of the step's shape (StepShape): a fixed cost, prefill
+tokens, their (query, key) attention pairs, decodes, KV tokens read and rows sampled,
+fitted by least squares with non-negative coefficients over a sliding window of recent
+steps. The prediction is that fit plus a high quantile of its recent errors (each error
+measured before the step was learned from), so the budget guards the P99 step, not the
+mean one. Until it has seen enough steps, and for steps larger than any it has seen, it
+scales the largest step seen linearly with the token count: it starts conservative and
+lets the budget grow as it learns."""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from sarathi_rt.scheduler import BatchPlan
+from sarathi_rt.scheduler.step_time import StepShape
+
+
+def features(shape: StepShape) -> list[float]:
+    return [1.0, shape.num_prefill_tokens, shape.prefill_pairs, shape.num_decodes,
+            shape.prefill_kv + shape.decode_kv, shape.num_sampled]
+
+
+def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """argmin |x c - y| subject to c >= 0 (Lawson-Hanson active set; columns are scaled
+    first so that the fit is conditioned)."""
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    xs = x / scale
+    n = x.shape[1]
+    coef = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    tol = 1e-12 * max(1.0, float(np.abs(xs).sum()))
+    for _ in range(3 * n):
+        grad = xs.T @ (y - xs @ coef)
+        if passive.all() or grad[~passive].max() <= tol:
+            break
+        passive[np.flatnonzero(~passive)[np.argmax(grad[~passive])]] = True
+        while True:
+            trial = np.zeros(n)
+            trial[passive] = np.linalg.lstsq(xs[:, passive], y, rcond=None)[0]
+            if (trial[passive] > 0).all():
+                coef = trial
+                break
+            # Step from coef toward trial until the first coefficient hits zero; drop it.
+            neg = passive & (trial <= 0)
+            alpha = np.min(coef[neg] / (coef[neg] - trial[neg]))
+            coef = coef + alpha * (trial - coef)
+            passive &= coef > tol
+    return coef / scale
+
+
+class OnlineStepTimeModel:
+    """quantile: of the recent errors added to the fit (0.99 guards P99 TBT);
+    window: steps remembered; min_observations: steps seen before the fit is trusted."""
+
+    def __init__(self, quantile: float = 0.99, window: int = 512, min_observations: int = 16) -> None:
+        if not 0 < quantile < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
+        if not isinstance(window, int) or window < 8:
+            raise ValueError(f"window must be an int >= 8, got {window!r}")
+        if not isinstance(min_observations, int) or not 1 <= min_observations <= window:
+            raise ValueError(f"min_observations must be an int in [1, window], got {min_observations!r}")
+        self.quantile, self.min_observations = quantile, min_observations
+        self._x: deque[list[float]] = deque(maxlen=window)
+        self._y: deque[float] = deque(maxlen=window)
+        self._errors: deque[float] = deque(maxlen=window)
+        self._coef: np.ndarray | None = None
+        self._guard = 0.0
+        self._largest = (0, 0.0)  # (tokens, seconds) of the largest step seen
+        self.num_observed = 0
+
+    def _mean(self, shape: StepShape) -> float:
+        assert self._coef is not None
+        return float(np.dot(self._coef, features(shape)))
+
+    def _scaled_largest(self, num_tokens: int) -> float:
+        tokens, seconds = self._largest
+        return math.inf if tokens == 0 else seconds * max(1.0, num_tokens / tokens)
+
+    def predict_shape(self, shape: StepShape) -> float:
+        warm = self._coef is not None and self.num_observed >= self.min_observations
+        if not warm:
+            return self._scaled_largest(shape.num_tokens)
+        t = self._mean(shape) + self._guard
+        if shape.num_tokens > self._largest[0]:  # beyond what it has seen: no extrapolating down
+            t = max(t, self._scaled_largest(shape.num_tokens))
+        return t
+
+    def observe(self, plan: BatchPlan, seconds: float) -> None:
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
+        if plan.is_empty:
+            return
+        shape = StepShape.of_plan(plan)
+        if self._coef is not None:
+            self._errors.append(seconds - self._mean(shape))
+        tokens, largest = self._largest
+        if shape.num_tokens > tokens or (shape.num_tokens == tokens and seconds > largest):
+            self._largest = (shape.num_tokens, seconds)
+        self._x.append(features(shape))
+        self._y.append(seconds)
+        self.num_observed += 1
+        if self.num_observed <= 64 or self.num_observed % 8 == 0:  # refits get rarer once it is warm
+            self._coef = fit_nonnegative(np.array(self._x), np.array(self._y))
+        if self._errors:
+            self._guard = max(0.0, float(np.quantile(np.array(self._errors), self.quantile)))

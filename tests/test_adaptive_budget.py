@@ -1,0 +1,191 @@
+"""Hardware presets, the step shape, the SLO-adaptive budget of the sarathi policy and
+the engine's online step-time model (all without torch or a model)."""
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+
+from sarathi_rt.metrics import percentile
+from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler.step_time import StepShape, adaptive_prefill_tokens, predict
+from sarathi_rt.sim import A100, H100, H200, LinearCostModel, VidurCostModel, get_hardware, infer_hardware, simulate
+from sarathi_rt.step_time import OnlineStepTimeModel
+from sarathi_rt.workloads import WorkloadConfig, data_path, make_workload
+
+PROFILE = data_path("a100_llama-2-7b_mlp.csv.gz")
+
+
+def test_hardware_presets_and_inference(tmp_path) -> None:
+    assert (A100.peak_flops, A100.mem_bw, A100.mem_bytes) == (312e12, 2039e9, 80e9)
+    assert (H100.peak_flops, H100.mem_bw, H100.mem_bytes) == (989e12, 3.35e12, 80e9)
+    assert (H200.peak_flops, H200.mem_bw, H200.mem_bytes) == (989e12, 4.8e12, 141e9)
+    assert get_hardware("H100") is H100 and get_hardware(H200) is H200
+    with pytest.raises(ValueError, match="hardware must be one of"):
+        get_hardware("v100")
+    assert infer_hardware("profiles/h100_llama-2-7b_mlp.csv.gz") is H100
+    assert infer_hardware("/x/h200/mlp.csv") is H200
+    assert infer_hardware("a100_vs_h100.csv") is None and infer_hardware("mlp.csv") is None
+    h100_path = tmp_path / "h100_llama-2-7b_mlp.csv.gz"
+    shutil.copy(PROFILE, h100_path)
+    a100, h100 = VidurCostModel(PROFILE), VidurCostModel(str(h100_path))
+    assert a100.hw is A100 and h100.hw is H100
+    assert VidurCostModel(str(h100_path), hardware="h200").hw is H200
+    decodes = StepShape.hybrid(0, 0, 64, 64 * 2048)  # memory-bound: scales with HBM bandwidth
+    att_a, head_a = a100.attention_and_head_time(decodes)
+    att_h, head_h = h100.attention_and_head_time(decodes)
+    assert att_a / att_h == pytest.approx(3.35e12 / 2039e9)
+    assert head_a / head_h == pytest.approx(989 / 312)
+    # KV capacity follows memory: the same weights leave 141 GB * 0.9 - 13.5 GB on an H200.
+    a, h = VidurCostModel(PROFILE, hardware="a100"), VidurCostModel(PROFILE, hardware="h200")
+    assert h.kv_cache_blocks(16) / a.kv_cache_blocks(16) == pytest.approx((126.9 - 13.5) / (72 - 13.5), rel=0.02)
+
+
+def test_step_shape_of_plan_and_hybrid() -> None:
+    plan = BatchPlan(1, [PlanEntry("a", 10, 4, True, False), PlanEntry("b", 99, 1, False, True),
+                         PlanEntry("c", 0, 3, True, True)], num_prefill_tokens=7, num_decode_tokens=1)
+    s = StepShape.of_plan(plan)
+    assert s == StepShape(7, 4 * 10 + 10 + 6, 14 + 3, 1, 100, 2)
+    assert StepShape.hybrid(3, 0, 1, 100) == StepShape(3, 6, 3, 1, 100, 2)
+    assert StepShape.hybrid(0, 50, 2, 30) == StepShape(0, 0, 0, 2, 30, 2)
+    cost = LinearCostModel(0.01, 0.001)
+    assert predict(cost, 20, [5, 6]) == pytest.approx(0.01 + 0.022)
+
+
+def test_adaptive_prefill_tokens_search() -> None:
+    cost = LinearCostModel(0.01, 0.001)  # limit 0.1 s -> at most 90 tokens
+    assert adaptive_prefill_tokens(cost, 0.1, 0, 0, 0, 512, 1) == 90
+    assert adaptive_prefill_tokens(cost, 0.1, 10, 100, 0, 512, 16) == 80 - 10  # step of 80 = 5 tiles
+    assert adaptive_prefill_tokens(cost, 0.1, 10, 100, 0, 48, 16) == 38  # capped by max_tokens
+    assert adaptive_prefill_tokens(cost, 0.1, 95, 100, 0, 512, 1) == 0  # decodes alone break it
+
+
+def _adaptive(slo: float, cost, **kw):
+    base = dict(policy="sarathi", token_budget=512, max_num_seqs=64, num_blocks=4096, tbt_slo=slo, slo_margin=0.0)
+    base.update(kw)
+    return create_scheduler(SchedulerConfig(**base), cost)
+
+
+def test_adaptive_budget_schedules_decodes_first_and_fills_to_the_slo() -> None:
+    cost = LinearCostModel(0.01, 0.001)
+    s = _adaptive(0.1, cost, tile_size=16)
+    for i in range(3):
+        s.add_request(i, 1000, 100)
+    plan = s.schedule()  # nothing else runs: 80 prefill tokens (5 tiles, 0.09 s)
+    assert plan.num_prefill_tokens == 80 and plan.num_decode_tokens == 0
+    s.update(plan)
+    for _ in range(20):  # request 0 finishes its prompt, then decodes beside request 1's chunks
+        plan = s.schedule()
+        assert cost.step_time(plan) <= 0.1 and plan.num_tokens % 16 == 0
+        s.update(plan)
+    assert plan.num_decode_tokens == 1 and plan.num_prefill_tokens == 79
+    # A static config with the same budget is the old policy, byte for byte.
+    static = create_scheduler(SchedulerConfig(token_budget=512, max_num_seqs=64, tile_size=16))
+    static.add_request(0, 1000, 4)
+    assert static.schedule().num_prefill_tokens == 512
+
+
+def test_adaptive_budget_never_starves_decodes_and_always_moves_a_lone_prefill() -> None:
+    cost = LinearCostModel(0.05, 0.001)
+    s = _adaptive(0.04, cost, tile_size=16)  # no step of any size meets 40 ms
+    s.add_request(0, 100, 3)
+    plan = s.schedule()
+    assert plan.num_prefill_tokens == 16  # one tile: nothing else runs
+    s.update(plan)
+    while s.request_info(0).num_computed < 100:
+        s.update(s.schedule())
+    s.add_request(1, 100, 3)
+    plan = s.schedule()  # a decode is running: it goes alone rather than break the SLO more
+    assert plan.num_decode_tokens == 1 and plan.num_prefill_tokens == 0 and plan.tile_padding == 15
+    s.update(plan)
+    s.update(s.schedule())  # request 0 finishes
+    assert s.schedule().num_prefill_tokens == 16
+
+
+def test_adaptive_budget_config_errors() -> None:
+    with pytest.raises(ValueError, match="tbt_slo"):
+        SchedulerConfig(tbt_slo=0.0)
+    with pytest.raises(ValueError, match="slo_margin"):
+        SchedulerConfig(tbt_slo=0.1, slo_margin=1.0)
+    with pytest.raises(ValueError, match="not supported by policy 'vllm'"):
+        SchedulerConfig(policy="vllm", tbt_slo=0.1)
+    with pytest.raises(ValueError, match="step_time_model"):
+        create_scheduler(SchedulerConfig(tbt_slo=0.1))
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_adaptive_simulation_meets_the_slo(online: bool) -> None:
+    """ShareGPT on the A100 profile at a load where a 2048 budget breaks 100 ms: the
+    adaptive budget keeps every prefill-carrying step within the SLO, whether it asks
+    the cost model or learns the steps online."""
+    cost = VidurCostModel(PROFILE)
+    workload = make_workload(WorkloadConfig(num_requests=60, qps=2.0, seed=1))
+    blocks = cost.kv_cache_blocks()
+    static = simulate(workload, SchedulerConfig(token_budget=2048, max_num_seqs=128, num_blocks=blocks), cost)
+    assert static.summary().tbt.p99 > 0.1
+    cfg = SchedulerConfig(token_budget=4096, max_num_seqs=128, num_blocks=blocks, tile_size=128, tbt_slo=0.1)
+    model = OnlineStepTimeModel() if online else None
+    res = simulate(workload, cfg, cost, step_time_model=model)
+    over = [s for s in res.steps if s.num_prefill_tokens and s.duration > 0.1]
+    assert len(over) <= (0.01 * len(res.steps) if online else 0)
+    assert res.summary().tbt.p99 <= 0.1 and res.summary().num_finished == 60
+    assert max(s.num_tokens for s in res.steps) > 512  # it does fill steps, not just play safe
+
+
+def test_online_model_starts_conservative_and_learns() -> None:
+    m = OnlineStepTimeModel(quantile=0.9, min_observations=8)
+    shape = StepShape.hybrid(100, 0, 4, 400)
+    assert m.predict_shape(shape) == float("inf")
+    rng = random.Random(0)
+    truth = LinearCostModel(0.005, 2e-4)
+
+    def run(n: int, d: int) -> None:
+        plan = BatchPlan(0, [PlanEntry(i, 100, 1, False, True) for i in range(d)])
+        plan.num_decode_tokens = d
+        if n:
+            plan.entries.append(PlanEntry("p", 0, n, True, False))
+            plan.num_prefill_tokens = n
+        m.observe(plan, truth.step_time(plan) * (1 + 0.05 * rng.random()))
+
+    run(64, 4)
+    # Cold: the largest step seen, scaled up linearly with tokens, never below it.
+    assert m.predict_shape(StepShape.hybrid(132, 0, 4, 400)) == pytest.approx(2 * m.predict_shape(
+        StepShape.hybrid(2, 0, 4, 400)), rel=1e-9)
+    for _ in range(200):
+        run(rng.randrange(0, 400), rng.randrange(1, 16))
+    errors = []
+    for _ in range(200):
+        n, d = rng.randrange(1, 400), rng.randrange(1, 16)
+        p = m.predict_shape(StepShape.hybrid(n, 0, d, 101 * d))
+        actual = truth.fixed_s + truth.per_token_s * (n + d)
+        errors.append((p - actual) / actual)
+    # It over-predicts by about the 90th percentile of the 5% noise, rarely more, never under.
+    assert min(errors) >= 0 and percentile(errors, 50) < 0.08
+    # Beyond the largest step seen it does not extrapolate down.
+    big = StepShape.hybrid(4000, 0, 4, 400)
+    assert m.predict_shape(big) >= 0.9 * (truth.fixed_s + truth.per_token_s * 4004)
+    with pytest.raises(ValueError, match="seconds"):
+        m.observe(BatchPlan(0, [PlanEntry(0, 0, 1, True, True)], num_prefill_tokens=1), float("nan"))
+    with pytest.raises(ValueError, match="quantile"):
+        OnlineStepTimeModel(quantile=1.0)
+
+
+def test_engine_with_tbt_slo_learns_its_steps() -> None:
+    from sarathi_rt import LLM, SamplingParams
+
+    llm = LLM("tiny", token_budget=128, max_num_seqs=8, num_kv_blocks=64, tbt_slo=10.0)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = llm.generate([[5 + i] * (20 + 7 * i) for i in range(4)], params, use_tqdm=False)
+    assert [len(o.token_ids) for o in outs] == [6] * 4
+    steps = list(llm.engine.step_metrics)
+    assert all(s.predicted_duration is not None for s in steps)
+    assert llm.engine.step_time_model.num_observed == len(steps)
+    # Having seen no step, the model forecasts nothing (inf): the first step gets the
+    # minimum progress of 128 tokens (all four prompts); later ones are forecast.
+    assert steps[0].num_prefill_tokens == 122 and steps[0].predicted_duration == float("inf")
+    assert all(0 < s.predicted_duration < 10.0 for s in steps[1:])
+    with pytest.raises(ValueError, match="tbt_slo"):
+        LLM("tiny", num_kv_blocks=64, tbt_slo=-1.0)
+    with pytest.raises(ValueError, match="not supported by policy 'vllm'"):
+        LLM("tiny", num_kv_blocks=64, policy="vllm", tbt_slo=0.1)

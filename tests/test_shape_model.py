@@ -1,0 +1,72 @@
+"""The plan-shape cost model: its fit on a known truth, its profile file, measuring an
+engine by shape (tiny preset, few shapes), and simulating from a saved profile."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sarathi_rt.cli import main
+from sarathi_rt.scheduler.step_time import StepShape
+from sarathi_rt.shape_profiling import chunk_grid, decode_grid, measure, profile_batches
+from sarathi_rt.sim.shape_model import MeasuredStep, ShapeCostModel, ShapeProfile
+
+
+def _truth(shape: StepShape) -> float:
+    # A dense part with a non-monotonic dip at 8 rows, then attention, KV and LM head.
+    dense = {1: 0.010, 2: 0.011, 4: 0.013, 8: 0.012, 16: 0.016}.get(shape.num_tokens, 0.001 * shape.num_tokens)
+    return dense + 2e-8 * shape.prefill_pairs + 1e-7 * (shape.prefill_kv + shape.decode_kv) + 3e-4 * shape.num_sampled
+
+
+def _profile() -> ShapeProfile:
+    steps = []
+    for q, s, d, c in profile_batches(256, 16, 64):
+        m = MeasuredStep(q, s, d, c, False, (0.0,))
+        t = _truth(m.shape())
+        steps.append(MeasuredStep(q, s, d, c, False, (t * 0.99, t, t * 1.01)))
+    return ShapeProfile(tuple(steps), host_overhead_s=0.002, engine={"num_kv_blocks": 77})
+
+
+def test_grids() -> None:
+    assert decode_grid(12) == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12]
+    assert decode_grid(40)[-4:] == [28, 32, 36, 40]
+    assert chunk_grid(100) == [16, 24, 32, 48, 64, 96, 100]
+
+
+def test_fit_recovers_the_shape_terms(tmp_path) -> None:
+    profile = _profile()
+    model = ShapeCostModel(profile)
+    for step in profile.steps:  # every measured batch, decode dip included
+        assert model.model_time(step.shape()) == pytest.approx(step.median, rel=0.02)
+    # A shape it never saw: 7 decodes at context 1000 beside a 40-token chunk at 500.
+    shape = StepShape.hybrid(40, 500, 7, 7 * 1001)
+    assert model.predict_shape(shape) == pytest.approx(0.002 + _truth(shape), rel=0.05)
+    # Reading the shape, not the count: a 32-token chunk costs less than 32 decodes' step.
+    assert model.predict_shape(StepShape.hybrid(32, 0, 0, 0)) < model.predict_shape(StepShape.hybrid(0, 0, 32, 32 * 257))
+    profile.save(tmp_path / "p.json")
+    assert ShapeProfile.load(tmp_path / "p.json") == profile
+    assert profile.spread() == pytest.approx(0.02, rel=1e-6)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a sarathi-rt step profile"):
+        ShapeProfile.load(tmp_path / "bad.json")
+
+
+def test_measure_the_engine_by_shape() -> None:
+    from sarathi_rt import LLM
+
+    engine = LLM(model="tiny", token_budget=64, max_num_seqs=4, num_kv_blocks=64).engine
+    steps = measure(engine, [(0, 0, 4, 30), (24, 10, 0, 0), (8, 30, 2, 30)], repeats=2, warmup=0)
+    assert [(s.num_prefill_tokens, s.num_decodes, len(s.seconds)) for s in steps] == [(0, 4, 2), (24, 0, 2), (8, 2, 2)]
+    assert all(t > 0 for s in steps for t in s.seconds)
+    with pytest.raises(ValueError, match="KV blocks"):
+        measure(engine, [(0, 0, 4, 1000)])
+
+
+def test_bench_simulates_a_saved_profile(tmp_path) -> None:
+    _profile().save(tmp_path / "p.json")
+    out = tmp_path / "b"
+    assert main(["bench", "--simulate", "--profile", str(tmp_path / "p.json"), "--policy", "sarathi",
+                 "--num-requests", "10", "--length-scale", "0.02", "--token-budget", "64", "--max-num-seqs", "8",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())["sarathi"]
+    assert summary["tbt_p50"] >= 0.002 + 0.010  # host + at least a one-row step

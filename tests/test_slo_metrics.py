@@ -1,0 +1,40 @@
+"""SLO-first metrics on hand-made timelines."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sarathi_rt.metrics import RequestMetrics, StepMetrics, load_steps_csv, save_steps_csv
+from sarathi_rt.slo_metrics import prefill_wait_share, slo_metrics
+
+
+def _timeline() -> tuple[list[RequestMetrics], list[StepMetrics]]:
+    # Steps: [0, 1) prefill only, [1, 2) one decode, [2, 4) 3 prefill + 1 decode tokens.
+    steps = [StepMetrics(0.0, 1.0, 8, 8, 0, 1), StepMetrics(1.0, 1.0, 1, 0, 1, 1),
+             StepMetrics(2.0, 2.0, 4, 3, 1, 2, predicted_duration=1.6)]
+    a = RequestMetrics(0.0, 8, 0.0, 1.0, [1.0, 2.0, 4.0], 4.0)  # gaps 1 and 2
+    b = RequestMetrics(1.5, 3, 2.0, 4.0, [4.0], 4.0)  # one token, no gap
+    return [a, b], steps
+
+
+def test_prefill_wait_share_and_tails() -> None:
+    requests, steps = _timeline()
+    # a waits 3 s between its tokens: 0 s of prefill in [1, 2), 2 s x 3/4 in [2, 4).
+    assert prefill_wait_share(requests, steps) == pytest.approx(1.5 / 3)
+    m = slo_metrics(requests, steps, ttft_target=1.5, tbt_target=1.5)
+    assert m.tbt_max == 2.0 and m.tbt_p999 == pytest.approx(1 + 0.999)
+    assert m.request_max_tbt.p50 == 2.0
+    # a: TTFT 1 s, but its worst gap 2 s > 1.5; b: TTFT 2.5 s: none meets both.
+    assert m.goodput == 0.0
+    assert slo_metrics(requests, steps, ttft_target=3.0, tbt_target=2.0).goodput == pytest.approx(2 / 4)
+    assert math.isnan(slo_metrics(requests, steps).goodput)
+    assert m.step_error_p50 == pytest.approx(0.2) and m.under_predicted == 1.0
+    with pytest.raises(ValueError, match="ttft_target"):
+        slo_metrics(requests, steps, ttft_target=-1.0)
+
+
+def test_predicted_duration_round_trips_through_csv(tmp_path) -> None:
+    _, steps = _timeline()
+    save_steps_csv(tmp_path / "s.csv", steps)
+    assert load_steps_csv(tmp_path / "s.csv") == steps
