@@ -5,7 +5,10 @@ in the same run (medians of CUDA-event timings after warm-up):
    heads, 8 KV heads, head_dim 128, bf16): achieved TB/s vs the HBM peak, and time vs
    F.scaled_dot_product_attention on KV gathered into dense tensors beforehand;
 2. prefill chunk (2048 new tokens over 2048 cached): TFLOP/s vs torch's flash SDPA;
-3. the fused mixed launch vs separate prefill and decode launches of our kernel.
+3. the fused mixed launch vs separate prefill and decode launches of our kernel;
+4. skewed decode batches (one long context among short ones, a count of equal decodes
+   that does not fill whole waves, uniform random lengths): achieved HBM GB/s (KV bytes
+   read / time) vs the peak, and the plan's load efficiency (mean / max CTA cost).
 
 `--device cpu --small` runs tiny shapes through the same code (a smoke test, no claims).
 """
@@ -31,6 +34,10 @@ PEAK_TFLOPS = 989.0  # H200 dense bf16 tensor cores
 
 @dataclass
 class Shape:
+    skew_short: int = 512    # 63 decodes at this context plus one at skew_long
+    skew_long: int = 32768
+    waves: int = 4096        # 40 decodes at this context
+    uniform_max: int = 8192  # 256 decodes uniform in 100 .. uniform_max
     decodes: int = 64
     context: int = 4096
     chunk: int = 512
@@ -42,8 +49,8 @@ class Shape:
     block_size: int = 16
 
 
-SMALL = Shape(decodes=4, context=256, chunk=32, prefill_q=64, prefill_cached=64, q_heads=4, kv_heads=2,
-              head_dim=64)
+SMALL = Shape(skew_short=64, skew_long=2048, waves=256, uniform_max=512, decodes=4, context=256, chunk=32,
+              prefill_q=64, prefill_cached=64, q_heads=4, kv_heads=2, head_dim=64)
 
 
 def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 5, reps: int = 15,
@@ -152,6 +159,29 @@ def ours_fn(b: Batch) -> Callable[[], object]:
     return lambda: ops.hybrid_attention(*b.args(), out=out, plan=plan)
 
 
+def skewed_batches(s: Shape) -> dict[str, list[tuple[int, int]]]:
+    uniform = torch.randint(100, s.uniform_max + 1, (256,), generator=torch.Generator().manual_seed(0)).tolist()
+    return {f"skew 63x{s.skew_short}+1x{s.skew_long}": [(1, s.skew_short)] * 63 + [(1, s.skew_long)],
+            f"skew 40x{s.waves}": [(1, s.waves)] * 40,
+            f"skew 256xU(100,{s.uniform_max})": [(1, kv) for kv in uniform]}
+
+
+def skewed_rows(s: Shape, device: torch.device, dtype: torch.dtype) -> list[dict[str, object]]:
+    rows = []
+    for name, lengths in skewed_batches(s).items():
+        b = make_batch(lengths, s, dtype, device)
+        plan = ops.plan_attention(b.cu_seqlens_q, b.seqlens_k, b.block_tables, b.k_cache, b.q.shape[1])
+        out = torch.empty_like(b.q)
+        ms = median_ms(lambda: ops.hybrid_attention(*b.args(), out=out, plan=plan), device)
+        gbps = (b.kv_bytes() + 2 * b.q.numel() * b.q.element_size()) / ms / 1e6
+        stats = plan.stats()
+        rows.append(row(name, "bandwidth", gbps, "GB/s", "HBM peak", 1e3 * PEAK_TBPS, gbps / (1e3 * PEAK_TBPS),
+                        ">= 0.70 of peak"))
+        rows.append(row(name, "load efficiency", stats["load_efficiency"], "", f"{stats['num_workers']} workers, "
+                        f"{stats['num_splits']} splits", 1.0, stats["load_efficiency"], ">= 0.9"))
+    return rows
+
+
 def row(case: str, metric: str, value: float, unit: str, baseline: str, base_value: float, ratio: float,
         target: str) -> dict[str, object]:
     return dict(bench="attention", case=case, metric=metric, value=round(value, 4), unit=unit, baseline=baseline,
@@ -186,7 +216,7 @@ def run(s: Shape, device: torch.device, dtype: torch.dtype) -> list[dict[str, ob
     separate_ms = median_ms(lambda: (dec_fn(), chunk_fn()), device)
     rows.append(row("mixed fused vs separate", "time", fused_ms, "ms", "prefill + decode launches", separate_ms,
                     separate_ms / fused_ms, "> 1 (speed-up)"))
-    return rows
+    return rows + skewed_rows(s, device, dtype)
 
 
 def check_correct(s: Shape, device: torch.device, dtype: torch.dtype) -> float:

@@ -22,6 +22,7 @@ import torch
 
 from sarathi_rt import ops
 from sarathi_rt.budget import StepTimeProfile, choose_token_budget
+from sarathi_rt.plots import plot_step_time
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,8 @@ def main() -> None:
     # engine-level profile_step_time measures).
     profile = StepTimeProfile(tuple(times), tuple(times.values()), num_decodes=0, context_len=0,
                               label="cpu-small linears")
-    choice = choose_token_budget(profile, args.tbt_slo, args.tile_size, plot_path=args.plot)
+    choice = choose_token_budget(profile, args.tbt_slo, args.tile_size)
+    plot_step_time(profile, choice, args.plot)
     print(f"token budget for a {args.tbt_slo * 1e3:.0f} ms TBT target (linears only, tile {args.tile_size}, "
           f"margin {choice.margin:.0%}): {choice.token_budget} tokens, T = {choice.step_time * 1e3:.2f} ms; "
           f"plot {args.plot}")

@@ -52,7 +52,7 @@ PagedKVLayout make_layout(const std::array<int64_t, 4>& cache_shape) {
 
 void write_kv(uintptr_t key, uintptr_t value, uintptr_t k_cache, uintptr_t v_cache, uintptr_t slot_mapping,
               int64_t num_tokens, std::array<int64_t, 2> key_strides, std::array<int64_t, 2> value_strides,
-              std::array<int64_t, 4> cache_shape, int dtype, int device, uintptr_t stream) {
+              std::array<int64_t, 4> cache_shape, int dtype, int device, uintptr_t stream, bool sync_check) {
   WriteKVParams p;
   p.key = ptr<const void>(key);
   p.value = ptr<const void>(value);
@@ -66,6 +66,8 @@ void write_kv(uintptr_t key, uintptr_t value, uintptr_t k_cache, uintptr_t v_cac
   p.value_head_stride = value_strides[1];
   p.layout = make_layout(cache_shape);
   p.dtype = static_cast<DType>(dtype);
+  p.sync_check = sync_check;
+  p.device = device;
   Status st;
   {
     py::gil_scoped_release release;
@@ -105,11 +107,21 @@ HybridAttentionParams attention_params(uintptr_t q, uintptr_t out, uintptr_t k_c
   return p;
 }
 
+// max_items, max_merges, max_partials, num_ctas (workers), kernel (AttentionKernel)
+using CapacityTuple = std::array<int64_t, 5>;
+
+AttentionPlanCapacity make_capacity(const CapacityTuple& c) {
+  if (c[4] != static_cast<int64_t>(AttentionKernel::kCuda) && c[4] != static_cast<int64_t>(AttentionKernel::kCpu)) {
+    throw py::value_error("capacity: unknown attention kernel " + std::to_string(c[4]));
+  }
+  return {c[0], c[1], c[2], c[3], static_cast<AttentionKernel>(c[4])};
+}
+
 void hybrid_attention(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v_cache, uintptr_t cu_seqlens_q,
                       uintptr_t seqlens_k, uintptr_t block_tables, int64_t batch, int64_t total_q,
                       int64_t num_q_heads, int64_t max_blocks_per_seq, std::array<int64_t, 2> q_strides,
                       std::array<int64_t, 2> out_strides, std::array<int64_t, 4> cache_shape, float scale,
-                      int dtype, int device, uintptr_t stream) {
+                      int dtype, int device, uintptr_t stream, uintptr_t plan, CapacityTuple capacity) {
   HybridAttentionParams p = attention_params(q, out, k_cache, v_cache, block_tables, num_q_heads, max_blocks_per_seq,
                                              q_strides, out_strides, cache_shape, scale, dtype);
   p.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
@@ -120,7 +132,8 @@ void hybrid_attention(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v
   Status st;
   {
     py::gil_scoped_release release;
-    st = hybrid_attention_cpu(p);
+    st = plan == 0 ? hybrid_attention_cpu(p) : hybrid_attention_cpu_planned(p, ptr<const int32_t>(plan),
+                                                                               make_capacity(capacity));
   }
   raise_if_error(st);
 }
@@ -208,14 +221,21 @@ void silu_and_mul(uintptr_t x, uintptr_t out, int64_t num_tokens, int64_t interm
   launch(p, device, stream, &silu_and_mul_cpu, SRT_CUDA_LAUNCHER(silu_and_mul_cuda));
 }
 
-using CapacityTuple = std::array<int64_t, 4>;  // max_items, max_merges, max_partials, num_ctas
-
-AttentionPlanCapacity make_capacity(const CapacityTuple& c) { return {c[0], c[1], c[2], c[3]}; }
 
 py::tuple plan_capacity(int64_t max_batch, int64_t max_tokens, int64_t num_q_heads, int64_t num_kv_heads,
-                        int64_t num_ctas) {
-  const AttentionPlanCapacity c = attention_plan_capacity(max_batch, max_tokens, num_q_heads, num_kv_heads, num_ctas);
-  return py::make_tuple(c.max_items, c.max_merges, c.max_partials, c.num_ctas, c.total_words());
+                        int64_t num_ctas, int64_t kernel) {
+  const AttentionKernel k = make_capacity({0, 0, 0, num_ctas, kernel}).kernel;
+  const AttentionPlanCapacity c =
+      attention_plan_capacity(max_batch, max_tokens, num_q_heads, num_kv_heads, attention_target(k, num_ctas));
+  return py::make_tuple(c.max_items, c.max_merges, c.max_partials, c.num_ctas, static_cast<int64_t>(c.kernel),
+                        c.total_words());
+}
+
+py::dict plan_stats(uintptr_t buffer, CapacityTuple capacity) {
+  const AttentionPlanStats s = attention_plan_stats(ptr<const int32_t>(buffer), make_capacity(capacity));
+  return py::dict(py::arg("num_items") = s.num_items, py::arg("num_splits") = s.num_splits,
+                  py::arg("num_partials") = s.num_partials, py::arg("max_load") = s.max_load,
+                  py::arg("total_load") = s.total_load);
 }
 
 void build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k, uintptr_t block_tables,
@@ -330,6 +350,8 @@ py::dict gemm_plan(int64_t m, int64_t n, int64_t k, int dtype, int arch, int num
   d["tiles_m"] = p.tiles_m;
   d["tiles_n"] = p.tiles_n;
   d["ctas"] = p.ctas;
+  d["workspace_bytes"] = p.workspace_bytes;
+  d["registers"] = p.registers;
   d["ctas_per_sm"] = p.ctas_per_sm;
   d["waves"] = p.waves;
   d["tile_efficiency"] = p.tile_efficiency;
@@ -339,22 +361,49 @@ py::dict gemm_plan(int64_t m, int64_t n, int64_t k, int dtype, int arch, int num
   return d;
 }
 
+#if defined(SARATHI_RT_WITH_CUDA)
+std::vector<std::string> split_list(const std::string& all) {
+  std::vector<std::string> items;
+  for (size_t start = 0, end; start <= all.size(); start = end + 1) {
+    end = all.find(',', start);
+    if (end == std::string::npos) end = all.size();
+    if (end > start) items.push_back(all.substr(start, end - start));
+  }
+  return items;
+}
+#endif
+
+py::dict gemm_kernel_occupancy(int config, int dtype, bool split_k, int device) {
+#if defined(SARATHI_RT_WITH_CUDA)
+  GemmKernelOccupancy occ;
+  raise_if_error(gemm_cuda_occupancy(config, static_cast<DType>(dtype), split_k, device, &occ));
+  py::dict d;
+  d["registers"] = occ.registers;
+  d["ctas_per_sm"] = occ.ctas_per_sm;
+  return d;
+#else
+  no_cuda();
+#endif
+}
+
 py::dict build_info() {
   py::dict info;
   info["version"] = SARATHI_RT_VERSION;
 #if defined(SARATHI_RT_WITH_CUDA)
   info["cuda_compiled"] = true;
-  std::vector<std::string> archs;
-  std::string all = SARATHI_RT_CUDA_ARCHS;
-  for (size_t start = 0, end; start <= all.size(); start = end + 1) {
-    end = all.find(',', start);
-    if (end == std::string::npos) end = all.size();
-    if (end > start) archs.push_back(all.substr(start, end - start));
-  }
-  info["cuda_archs"] = archs;
+  info["cuda_archs"] = split_list(SARATHI_RT_CUDA_ARCHS);
+  info["cuda_sass"] = split_list(SARATHI_RT_CUDA_SASS);
+  info["cuda_ptx"] = split_list(SARATHI_RT_CUDA_PTX);
 #else
   info["cuda_compiled"] = false;
   info["cuda_archs"] = std::vector<std::string>{};
+  info["cuda_sass"] = std::vector<std::string>{};
+  info["cuda_ptx"] = std::vector<std::string>{};
+#endif
+#if defined(SARATHI_RT_GEMM_REGISTERS_FROM_BUILD)
+  info["gemm_registers"] = "ptxas";  // the planner's register counts come from this build's kernels
+#else
+  info["gemm_registers"] = "defaults";
 #endif
 #if defined(SARATHI_RT_WITH_OPENMP)
   info["openmp"] = true;
@@ -385,12 +434,14 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("write_kv", &write_kv, py::arg("key"), py::arg("value"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("slot_mapping"), py::arg("num_tokens"), py::arg("key_strides"), py::arg("value_strides"),
-        py::arg("cache_shape"), py::arg("dtype"), py::arg("device"), py::arg("stream"));
+        py::arg("cache_shape"), py::arg("dtype"), py::arg("device"), py::arg("stream"), py::arg("sync_check") = true);
   m.def("hybrid_attention", &hybrid_attention, py::arg("q"), py::arg("out"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("cu_seqlens_q"), py::arg("seqlens_k"), py::arg("block_tables"),
         py::arg("batch"), py::arg("total_q"), py::arg("num_q_heads"), py::arg("max_blocks_per_seq"),
         py::arg("q_strides"), py::arg("out_strides"), py::arg("cache_shape"), py::arg("scale"), py::arg("dtype"),
-        py::arg("device"), py::arg("stream"));
+        py::arg("device"), py::arg("stream"), py::arg("plan"), py::arg("capacity"),
+        "CPU hybrid attention: runs the plan at `plan` (host buffer, AttentionKernel::kCpu) or, when it is 0, "
+        "plans internally.");
 
   m.def("rms_norm", &rms_norm, py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("out"),
         py::arg("residual_out"), py::arg("num_tokens"), py::arg("hidden"), py::arg("row_strides"), py::arg("eps"),
@@ -403,8 +454,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("x_stride"), py::arg("out_stride"), py::arg("dtype"), py::arg("device"), py::arg("stream"));
 
   m.def("attention_plan_capacity", &plan_capacity, py::arg("max_batch"), py::arg("max_tokens"),
-        py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("num_ctas"),
-        "(max_items, max_merges, max_partials, num_ctas, total_words) of a hybrid-attention plan.");
+        py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("num_ctas"), py::arg("kernel"),
+        "(max_items, max_merges, max_partials, num_ctas, kernel, total_words) of a hybrid-attention plan.");
+  m.def("attention_plan_stats", &plan_stats, py::arg("buffer"), py::arg("capacity"),
+        "Per-worker loads of a built plan under the planner's cost model.");
+  m.def("cpu_attention_workers", &cpu_attention_workers, "Default worker bins of a CPU attention plan.");
   m.def("build_attention_plan", &build_plan, py::arg("buffer"), py::arg("cu_seqlens_q"),
         py::arg("seqlens_k"), py::arg("block_tables"), py::arg("batch"), py::arg("total_q"), py::arg("num_q_heads"),
         py::arg("max_blocks_per_seq"), py::arg("cache_shape"), py::arg("capacity"));
@@ -419,12 +473,18 @@ PYBIND11_MODULE(_C, m) {
       py::arg("item_words") = static_cast<int>(sizeof(AttentionWorkItem) / 4),
       py::arg("merge_words") = static_cast<int>(sizeof(AttentionMergeItem) / 4),
       py::arg("narrow_rows") = kNarrowTileRows, py::arg("wide_rows") = kWideTileRows,
-      py::arg("keys_per_chunk") = kKeysPerChunk, py::arg("min_split_chunks") = kMinSplitChunks);
+      py::arg("keys_per_chunk") = kKeysPerChunk, py::arg("min_split_chunks") = kMinSplitChunks,
+      py::arg("cpu_direct_rows") = kCpuDirectRows, py::arg("cpu_min_split_chunks") = kCpuMinSplitChunks,
+      py::arg("max_pieces_per_worker") = kMaxPiecesPerWorker,
+      py::arg("kernel_cuda") = static_cast<int>(AttentionKernel::kCuda),
+      py::arg("kernel_cpu") = static_cast<int>(AttentionKernel::kCpu));
 
   m.def("gemm", &gemm, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("y"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("row_strides"), py::arg("dtype"), py::arg("config"), py::arg("split_k"),
         py::arg("workspace"), py::arg("workspace_bytes"), py::arg("device"), py::arg("stream"));
   m.attr("GEMM_SMALL_M") = kGemmSmallM;
+  m.def("gemm_kernel_occupancy", &gemm_kernel_occupancy, py::arg("config"), py::arg("dtype"), py::arg("split_k"),
+        py::arg("device"), "Registers per thread and CTAs per SM of one GEMM kernel, from the CUDA driver.");
   m.def("gemm_tile_configs", &gemm_tile_configs_list, "The GEMM tile configurations the planner chooses from.");
   m.def("gemm_plan", &gemm_plan, py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("arch"),
         py::arg("num_sms"), py::arg("config") = -1, py::arg("split_k") = 0);

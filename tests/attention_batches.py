@@ -36,3 +36,77 @@ def make_batch(lengths: list[tuple[int, int]], *, block_size: int = 16, num_kv_h
                                          head_dim=head_dim, block_size=block_size, dtype=dtype, device=device,
                                          spare_blocks=3, seed=seed)
     return PagedBatch(*batch.args())
+
+
+POISON = 1000.0  # finite (a masked lane times it stays 0) but far outside any real key or value
+
+
+def poison_unowned_slots(batch: PagedBatch) -> PagedBatch:
+    """Fills every cache slot outside each request's [0, kv_len) keys (the tail of its last
+    block, spare blocks) with POISON, so a kernel that reads past the end fails loudly."""
+    block_size = batch.k_cache.shape[1]
+    owned = torch.zeros(batch.k_cache.shape[:2], dtype=torch.bool, device=batch.k_cache.device)
+    for b, kv_len in enumerate(batch.seqlens_k.tolist()):
+        positions = torch.arange(kv_len, device=owned.device)
+        owned[batch.block_tables[b, positions // block_size].long(), positions % block_size] = True
+    for cache in (batch.k_cache, batch.v_cache):
+        cache[~owned] = POISON
+    return batch
+
+
+def poison_chunk_keys(batch: PagedBatch) -> PagedBatch:
+    """Sets the values of every key a chunk adds this step, except its first, to POISON:
+    the rows that may see them match the reference only if every earlier row stops at its
+    causal limit (POISON / kv_len would swamp the tolerance)."""
+    block_size = batch.k_cache.shape[1]
+    cu = batch.cu_seqlens_q.tolist()
+    for b, kv_len in enumerate(batch.seqlens_k.tolist()):
+        q_len = cu[b + 1] - cu[b]
+        positions = torch.arange(min(kv_len - q_len + 1, kv_len), kv_len, device=batch.v_cache.device)
+        batch.v_cache[batch.block_tables[b, positions // block_size].long(), positions % block_size] = POISON
+    return batch
+
+
+# Unit roundoff of the output dtype (with a 2x margin: bfloat16 and float16 round to nearest).
+_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+_F32_EPS = 2.0 ** -24
+
+
+def reference_and_tolerance(batch: PagedBatch, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 attention o = P V and a per-element tolerance that one key too many or too
+    few in a row exceeds: rounding the output (u |o|) plus rounding each probability
+    before P V (random, so about u sqrt(sum_j p_j^2 v_j^2), with a 4x margin). float32
+    kernels: float32 rounding of scores as large as the batch's largest, which moves each
+    probability by eps |s| (large with a large scale)."""
+    q, k_cache, v_cache = (t.double() for t in (batch.q, batch.k_cache, batch.v_cache))
+    group = q.shape[1] // k_cache.shape[2]
+    scale = q.shape[2] ** -0.5 if scale is None else scale
+    out, spread = torch.zeros_like(q), torch.zeros_like(q)
+    max_score = 0.0
+    cu = batch.cu_seqlens_q.tolist()
+    for b, kv_len in enumerate(batch.seqlens_k.tolist()):
+        q_len = cu[b + 1] - cu[b]
+        if q_len == 0:
+            continue
+        k = reference.gather_kv(k_cache, batch.block_tables[b], kv_len).repeat_interleave(group, dim=1)
+        v = reference.gather_kv(v_cache, batch.block_tables[b], kv_len).repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[cu[b]:cu[b + 1]], k) * scale
+        limit = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)
+        scores = scores.masked_fill(torch.arange(kv_len, device=q.device)[None, :] > limit, float("-inf"))
+        max_score = max(max_score, scores.nan_to_num(neginf=0.0).abs().max().item())
+        p = scores.softmax(dim=-1)
+        out[cu[b]:cu[b + 1]] = torch.einsum("hqk,khd->qhd", p, v)
+        spread[cu[b]:cu[b + 1]] = torch.einsum("hqk,khd->qhd", p * p, v * v).sqrt()
+    u = _ROUNDOFF.get(batch.q.dtype)
+    if u is None:
+        return out, 1e-5 * (1 + out.abs()) + 8 * _F32_EPS * (1 + max_score) * (out.abs() + spread)
+    return out, u * out.abs() + 4 * u * spread + 1e-5
+
+
+def assert_strictly_close(got: torch.Tensor, batch: PagedBatch, scale: float | None = None) -> None:
+    want, tol = reference_and_tolerance(batch, scale)
+    err = (got.double() - want).abs()
+    worst = int((err / tol).flatten().argmax())
+    assert torch.isfinite(got).all()
+    assert (err <= tol).all(), (f"error {err.flatten()[worst].item():.3g} over tolerance "
+                                f"{tol.flatten()[worst].item():.3g} at flat index {worst}")

@@ -1,5 +1,7 @@
 """CUDA paged write_kv and fused hybrid attention against the float64 reference, on the
-same ragged grids as the planner tests. Skipped (with the reason) without a CUDA device."""
+same ragged grids as the planner tests, with every cache slot a request does not own (and
+every key past a query's causal limit) poisoned, under a tolerance that one wrong key in a
+long row exceeds. Skipped (with the reason) without a CUDA device."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +10,8 @@ import torch
 from sarathi_rt import ops
 from sarathi_rt.ops import reference
 
-from attention_batches import GRIDS, make_batch
+from attention_batches import (GRIDS, assert_strictly_close, make_batch, poison_chunk_keys,
+                               poison_unowned_slots)
 from conftest import ATOL, requires_cuda
 
 pytestmark = [requires_cuda, pytest.mark.cuda]
@@ -35,7 +38,89 @@ def test_hybrid_attention_cuda_matches_reference(grid: str, dtype: torch.dtype, 
                                                  group: int) -> None:
     batch = make_batch(GRIDS[grid], block_size=block_size, group=group, head_dim=head_dim, dtype=dtype,
                        device="cuda")
-    _assert_close_to_reference(ops.hybrid_attention(*batch.args()), batch)
+    batch = poison_chunk_keys(poison_unowned_slots(batch))
+    assert_strictly_close(ops.hybrid_attention(*batch.args()), batch)
+
+
+# A request with no new token, decodes, chunks over a prefix, a whole prompt.
+POISONED = [(1, 577), (17, 17), (0, 9), (37, 614), (1, 1), (5, 300), (64, 64)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [1, 3, 17, 128])
+@pytest.mark.parametrize("group", [1, 16, 32])
+@pytest.mark.parametrize("scale", [None, 10.0])
+def test_poisoned_slots_block_sizes_gqa_and_scale(dtype: torch.dtype, block_size: int, group: int,
+                                                  scale: float | None) -> None:
+    batch = make_batch(POISONED, block_size=block_size, group=group, num_kv_heads=2, head_dim=128, dtype=dtype,
+                       device="cuda")
+    batch = poison_chunk_keys(poison_unowned_slots(batch))
+    assert_strictly_close(ops.hybrid_attention(*batch.args(), scale=scale), batch, scale)
+
+
+@pytest.mark.parametrize("num_ctas", [None, 64])
+def test_context_lengths_around_64k(num_ctas: int | None) -> None:
+    batch = make_batch([(1, 65535), (1, 65536), (1, 65537), (16, 65536)], num_kv_heads=2, group=4, head_dim=128,
+                       block_size=16, dtype=torch.bfloat16, device="cuda")
+    batch = poison_chunk_keys(poison_unowned_slots(batch))
+    plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 8,
+                              num_ctas=num_ctas)
+    assert_strictly_close(ops.hybrid_attention(*batch.args(), plan=plan), batch)
+
+
+def test_rows_fully_masked_in_a_split_piece() -> None:
+    """The last piece of the 4-query tile holds keys 1280 and 1281: queries 0 and 1 see
+    neither, so their rows of that piece are fully masked and must merge with weight 0."""
+    batch = poison_unowned_slots(make_batch([(4, 1282), (1, 30)], group=4, head_dim=64, dtype=torch.bfloat16,
+                                            device="cuda"))
+    plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 8,
+                              num_ctas=64)
+    items = [dict(zip(ops.plan.ITEM_FIELDS, row)) for row in plan.work_items().tolist()]
+    assert any(it["partial"] >= 0 and it["causal_offset"] + 1 <= it["kv_begin"] for it in items)
+    assert_strictly_close(ops.hybrid_attention(*batch.args(), plan=plan), batch)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_only_batches_of_hundreds(dtype: torch.dtype) -> None:
+    """Far more tiles than CTAs (the unsplit multi-item-per-CTA path) and, with one 32k
+    context among them, the balanced split of one long tile."""
+    kv = torch.randint(1, 3000, (320,), generator=torch.Generator().manual_seed(0)).tolist()
+    for lengths in ([(1, n) for n in kv], [(1, 512)] * 299 + [(1, 32768)]):
+        batch = poison_unowned_slots(make_batch(lengths, num_kv_heads=8, group=4, head_dim=128, dtype=dtype,
+                                                device="cuda"))
+        assert_strictly_close(ops.hybrid_attention(*batch.args()), batch)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_only_at_head_dim_64(dtype: torch.dtype) -> None:
+    batch = make_batch([(577, 577), (64, 64), (65, 65), (1000, 1300)], num_kv_heads=2, group=4, head_dim=64,
+                       dtype=dtype, device="cuda")
+    batch = poison_chunk_keys(poison_unowned_slots(batch))
+    assert_strictly_close(ops.hybrid_attention(*batch.args()), batch)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_strided_q_from_a_fused_qkv_tensor(head_dim: int) -> None:
+    batch = poison_unowned_slots(make_batch(GRIDS["mixed"], num_kv_heads=2, group=4, head_dim=head_dim,
+                                            dtype=torch.bfloat16, device="cuda"))
+    qkv = torch.randn(batch.q.shape[0], 8 + 2 * 2, head_dim, device="cuda").to(torch.bfloat16)
+    qkv[:, :8] = batch.q
+    batch.q = qkv[:, :8]
+    assert not batch.q.is_contiguous()
+    assert_strictly_close(ops.hybrid_attention(*batch.args()), batch)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_plan_on_another_device_than_the_current_one() -> None:
+    """The plan's copy, and the event its next update waits for, belong to the plan's device."""
+    batch = make_batch(GRIDS["mixed"], group=4, head_dim=64, dtype=torch.bfloat16, device="cuda:1")
+    with torch.cuda.device(0):
+        plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 8)
+        for _ in range(2):
+            plan.update(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache)
+            got = ops.hybrid_attention(*batch.args(), plan=plan)
+    assert plan.device == torch.device("cuda", 1)
+    assert_strictly_close(got, batch)
 
 
 @pytest.mark.parametrize("num_ctas", [3, 2048])
@@ -46,6 +131,7 @@ def test_split_kv_and_persistent_loop(num_ctas: int, dtype: torch.dtype) -> None
     plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache,
                               batch.q.shape[1], num_ctas=num_ctas)
     assert (plan.num_merges > 0) == (num_ctas == 2048)
+    assert plan.stats()["num_workers"] == num_ctas
     _assert_close_to_reference(ops.hybrid_attention(*batch.args(), plan=plan, scale=0.05), batch, scale=0.05)
 
 

@@ -1,6 +1,7 @@
-"""The CUDA attention planner, tested on the CPU: coverage, split sizes, balance,
-capacity and index errors, and a float64 model of split-KV + log-sum-exp merging that
-runs the plan's work list and must match the reference."""
+"""The attention planner, tested on the CPU for both kernels it plans for: coverage, split
+sizes, capacity and index errors, and a float64 model of split-KV + log-sum-exp merging
+that runs the plan's work list and must match the reference. (Load balance and stats are
+in test_attention_plan_balance.py.)"""
 from __future__ import annotations
 
 import math
@@ -10,16 +11,21 @@ import torch
 
 from sarathi_rt import _C, ops
 from sarathi_rt.ops import reference
-from sarathi_rt.ops.plan import ITEM_FIELDS, LAYOUT, MERGE_FIELDS, NARROW, WIDE
+from sarathi_rt.ops.plan import ITEM_FIELDS, KERNELS, LAYOUT, MERGE_FIELDS, NARROW, WIDE
 
 from attention_batches import GRIDS, make_batch
 
 CHUNK = LAYOUT["keys_per_chunk"]
+NARROW_ROWS = {"cuda": LAYOUT["narrow_rows"], "cpu": LAYOUT["cpu_direct_rows"]}
 
 
-def _plan(batch, num_ctas: int, **kw) -> ops.AttentionPlan:
+def _plan(batch, num_ctas: int, kernel: str = "cuda", **kw) -> ops.AttentionPlan:
     return ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache,
-                              batch.q.shape[1], num_ctas=num_ctas, **kw)
+                              batch.q.shape[1], num_ctas=num_ctas, kernel=kernel, **kw)
+
+
+def _heads(entry: dict[str, int]) -> range:
+    return range(entry["kv_head"], entry["kv_head"] + entry["num_heads"])
 
 
 def _items(plan: ops.AttentionPlan) -> list[dict[str, int]]:
@@ -34,28 +40,33 @@ def _cost(item: dict[str, int]) -> int:
     return math.ceil((item["kv_end"] - item["kv_begin"]) / CHUNK) * (2 if item["kind"] == WIDE else 1) + 1
 
 
-# Block size only moves pages around, so it alternates with the grid size.
-CASES = [(grid, group, block_size, ctas) for grid in GRIDS for group in (1, 4, 8)
-         for block_size, ctas in ((16, 4), (32, 264))]
+# Block size only moves pages around, so it alternates with the grid size and kernel.
+CASES = [(grid, group, block_size, ctas, kernel) for grid in GRIDS for group in (1, 4, 8)
+         for block_size, ctas, kernel in ((16, 4, "cuda"), (32, 264, "cuda"), (3, 4, "cpu"))]
 
 
-@pytest.mark.parametrize("grid,group,block_size,num_ctas", CASES)
-def test_every_row_is_planned_once_with_all_its_keys(grid: str, group: int, block_size: int, num_ctas: int) -> None:
+@pytest.mark.parametrize("grid,group,block_size,num_ctas,kernel", CASES)
+def test_every_row_is_planned_once_with_all_its_keys(grid: str, group: int, block_size: int, num_ctas: int,
+                                                     kernel: str) -> None:
     lengths = GRIDS[grid]
-    batch = make_batch(lengths, block_size=block_size, group=group)
-    plan = _plan(batch, num_ctas)
+    batch = make_batch(lengths, block_size=block_size, group=group, num_kv_heads=3)
+    plan = _plan(batch, num_ctas, kernel)
     items, merges = _items(plan), _merges(plan)
     num_kv_heads = batch.k_cache.shape[2]
     covered: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for it in items:
         q_len, kv_len = lengths[it["request"]]
+        narrow = q_len * group <= NARROW_ROWS[kernel]
         assert it["causal_offset"] == kv_len - q_len
-        assert it["num_rows"] <= (16 if it["kind"] == NARROW else 64)
-        assert it["kind"] == (NARROW if q_len * group <= 16 else WIDE)
+        assert it["num_rows"] <= (NARROW_ROWS[kernel] if narrow else 64)
+        assert it["kind"] == (NARROW if narrow else WIDE)
+        # The CPU kernel reads a decode's keys as whole token rows: one item for every KV head.
+        assert it["num_heads"] == (num_kv_heads if narrow and kernel == "cpu" else 1)
         assert it["kv_begin"] % CHUNK == 0 and it["kv_begin"] < it["kv_end"]
-        for r in range(it["row_begin"], it["row_begin"] + it["num_rows"]):
-            token, head = it["q_token0"] + r // group, it["kv_head"] * group + r % group
-            covered.setdefault((token, head), []).append((it["kv_begin"], it["kv_end"]))
+        for h in _heads(it):
+            for r in range(it["row_begin"], it["row_begin"] + it["num_rows"]):
+                token, head = it["q_token0"] + r // group, h * group + r % group
+                covered.setdefault((token, head), []).append((it["kv_begin"], it["kv_end"]))
     expected = {(int(batch.cu_seqlens_q[b]) + i, h) for b, (q_len, _) in enumerate(lengths)
                 for i in range(q_len) for h in range(num_kv_heads * group)}
     assert set(covered) == expected
@@ -99,6 +110,7 @@ def test_many_tiles_are_not_split_and_the_ctas_are_balanced() -> None:
     plan = _plan(batch, num_ctas=32)
     items = _items(plan)
     assert plan.num_merges == 0 and all(it["partial"] == -1 for it in items)
+    assert plan.stats()["load_efficiency"] >= 0.95
     ranges = plan.cta_ranges().tolist()
     assert ranges[0] == 0 and ranges[-1] == len(items)
     loads = [sum(_cost(it) for it in items[a:b]) for a, b in zip(ranges, ranges[1:])]
@@ -108,42 +120,43 @@ def test_many_tiles_are_not_split_and_the_ctas_are_balanced() -> None:
         assert costs == sorted(costs, reverse=True)
 
 
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
+    """Softmax attention of one query row over `keys`, and its log2-domain log-sum-exp."""
+    if keys.shape[0] == 0:  # a row that sees none of this piece's keys
+        return torch.zeros(q.shape[0], dtype=torch.float64), -math.inf
+    s = keys @ q * scale * math.log2(math.e)
+    p = torch.exp2(s - s.max())
+    return p @ values / p.sum(), float(s.max() + torch.log2(p.sum()))
+
+
 def _run_plan_float64(plan: ops.AttentionPlan, batch, scale: float) -> torch.Tensor:
-    """What the kernels compute, item by item, in float64 (log2-domain lse, as on the GPU)."""
+    """What the kernels compute, item by item, in float64 (log2-domain lse, as they do)."""
     q, k_cache, v_cache = (t.double() for t in (batch.q, batch.k_cache, batch.v_cache))
     group = q.shape[1] // k_cache.shape[2]
     out = torch.full_like(q, float("nan"))
-    partial_out: dict[tuple[int, int], torch.Tensor] = {}
-    partial_lse: dict[tuple[int, int], float] = {}
+    partials: dict[tuple[int, int, int], tuple[torch.Tensor, float]] = {}
     for it in _items(plan):
-        kv_len = it["causal_offset"] + 1  # at least; gather everything the item may read
         keys = reference.gather_kv(k_cache, batch.block_tables[it["request"]], it["kv_end"])
         values = reference.gather_kv(v_cache, batch.block_tables[it["request"]], it["kv_end"])
-        for r in range(it["num_rows"]):
-            flat = it["row_begin"] + r
-            token, head = it["q_token0"] + flat // group, it["kv_head"] * group + flat % group
-            limit = min(it["kv_end"], it["causal_offset"] + flat // group + 1)
-            s = keys[it["kv_begin"]:limit, it["kv_head"]] @ q[token, head] * scale * math.log2(math.e)
-            if s.numel() == 0:
-                o, lse = torch.zeros(q.shape[2], dtype=torch.float64), -math.inf
-            else:
-                mx = s.max()
-                p = torch.exp2(s - mx)
-                o = p @ values[it["kv_begin"]:limit, it["kv_head"]] / p.sum()
-                lse = float(mx + torch.log2(p.sum()))
-            if it["partial"] < 0:
-                out[token, head] = o
-            else:
-                partial_out[(it["partial"], r)], partial_lse[(it["partial"], r)] = o, lse
-        assert kv_len >= 1
+        for h in _heads(it):
+            for r in range(it["num_rows"]):
+                flat = it["row_begin"] + r
+                token, head = it["q_token0"] + flat // group, h * group + flat % group
+                limit = min(it["kv_end"], it["causal_offset"] + flat // group + 1)
+                o, lse = _attend(q[token, head], keys[it["kv_begin"]:limit, h], values[it["kv_begin"]:limit, h], scale)
+                if it["partial"] < 0:
+                    out[token, head] = o
+                else:
+                    partials[(it["partial"], h, r)] = o, lse
     for m in _merges(plan):
-        for r in range(m["num_rows"]):
-            slots = range(m["first_partial"], m["first_partial"] + m["num_partials"])
-            lses = torch.tensor([partial_lse[(s, r)] for s in slots], dtype=torch.float64)
-            w = torch.exp2(lses - lses.max())
-            merged = sum(wi * partial_out[(s, r)] for wi, s in zip(w, slots)) / w.sum()
-            flat = m["row_begin"] + r
-            out[m["q_token0"] + flat // group, m["kv_head"] * group + flat % group] = merged
+        for h in _heads(m):
+            for r in range(m["num_rows"]):
+                pieces = [partials[(s, h, r)] for s in range(m["first_partial"], m["first_partial"] + m["num_partials"])]
+                lses = torch.tensor([lse for _, lse in pieces], dtype=torch.float64)
+                w = torch.exp2(lses - lses.max())
+                flat = m["row_begin"] + r
+                out[m["q_token0"] + flat // group, h * group + flat % group] = (
+                    sum(wi * o for wi, (o, _) in zip(w, pieces)) / w.sum())
     return out
 
 
@@ -157,6 +170,35 @@ def test_float64_model_of_the_planned_kernel_matches_the_reference(grid: str, gr
     got = _run_plan_float64(plan, batch, scale=0.3)
     want = reference.hybrid_attention(*batch.args(), scale=0.3)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_float64_model_covers_skewed_splits(kernel: str) -> None:
+    """The balanced splits of long contexts among short ones, wide tiles split on CUDA, and
+    (CPU) pieces of items that span every KV head."""
+    lengths = [(1, 40), (1, 3000), (1, 75), (2, 2200), (12, 1100), (1, 1)]
+    batch = make_batch(lengths, group=4, block_size=17, head_dim=8, num_kv_heads=2)
+    plan = _plan(batch, num_ctas=6, kernel=kernel)
+    items = _items(plan)
+    assert plan.num_merges >= 2 and max(it["kv_begin"] for it in items) >= 1024
+    assert kernel == "cuda" or any(it["num_heads"] == 2 and it["partial"] >= 0 for it in items)
+    got = _run_plan_float64(plan, batch, scale=0.3)
+    want = reference.hybrid_attention(*batch.args(), scale=0.3)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+# (kernel, lengths, workers): the last piece of the first request's tile starts past its
+# first query's causal limit (1280 keys of 1282 on CUDA; 17408 of 17409 on the CPU).
+FULLY_MASKED = [("cuda", [(4, 1282), (1, 30)], 64), ("cpu", [(2, 17409), (1, 30)], 64)]
+
+
+@pytest.mark.parametrize("kernel, lengths, num_ctas", FULLY_MASKED, ids=[c[0] for c in FULLY_MASKED])
+def test_float64_model_covers_rows_fully_masked_in_a_split_piece(kernel: str, lengths, num_ctas: int) -> None:
+    batch = make_batch(lengths, group=4, head_dim=8, num_kv_heads=2)
+    plan = _plan(batch, num_ctas=num_ctas, kernel=kernel)
+    assert any(it["partial"] >= 0 and it["causal_offset"] + 1 <= it["kv_begin"] for it in _items(plan))
+    got = _run_plan_float64(plan, batch, scale=0.3)
+    torch.testing.assert_close(got, reference.hybrid_attention(*batch.args(), scale=0.3), rtol=1e-12, atol=1e-12)
 
 
 def test_plan_keeps_its_buffers_across_steps() -> None:
@@ -184,11 +226,16 @@ def test_capacity_errors_name_the_limit() -> None:
     with pytest.raises(ValueError, match="work items but the plan holds 1"):
         _C.build_attention_plan(buf.data_ptr(), batch.cu_seqlens_q.data_ptr(), batch.seqlens_k.data_ptr(),
                                 batch.block_tables.data_ptr(), 2, 54, 8, batch.block_tables.shape[1],
-                                tuple(batch.k_cache.shape), [1, 1, 1, 4])
+                                tuple(batch.k_cache.shape), [1, 1, 1, 4, KERNELS["cuda"]])
     with pytest.raises(ValueError, match="max_batch must be positive"):
         ops.AttentionPlan(max_batch=0, max_tokens=1, num_q_heads=8, num_kv_heads=2, head_dim=64, device="cpu")
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         ops.AttentionPlan(max_batch=1, max_tokens=1, num_q_heads=6, num_kv_heads=4, head_dim=64, device="cpu")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        ops.AttentionPlan(max_batch=1, max_tokens=1, num_q_heads=8, num_kv_heads=2, head_dim=64, device="cpu",
+                          kernel="tpu")
+    with pytest.raises(ValueError, match="plan has not been updated"):
+        plan.stats()
 
 
 def test_bad_indices_name_the_argument() -> None:
@@ -209,15 +256,26 @@ def test_bad_indices_name_the_argument() -> None:
         ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 8, plan="x")
 
 
-def test_cpu_attention_accepts_a_matching_plan_and_rejects_a_stale_one() -> None:
+def test_cpu_attention_runs_its_plan_and_rejects_a_stale_or_foreign_one() -> None:
     batch = make_batch([(1, 577), (17, 17), (37, 54)], group=4)
-    plan = _plan(batch, num_ctas=8)
-    want = ops.hybrid_attention(*batch.args())
+    plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 8)
+    assert plan.kernel == "cpu" and plan.buffer is plan._host  # nothing to copy on the CPU
+    want = ops.hybrid_attention(*batch.args())  # plans internally, for the same workers
     torch.testing.assert_close(ops.hybrid_attention(*batch.args(), plan=plan), want, rtol=0, atol=0)
     other = make_batch(GRIDS["decode"], group=4)
-    stale = _plan(other, num_ctas=8)
+    stale = _plan(other, num_ctas=8, kernel="cpu")
     with pytest.raises(ValueError, match="plan was built for"):
         ops.hybrid_attention(*batch.args(), plan=stale)
+    # Same shapes, other lengths: only the plan's items can tell.
+    swapped = make_batch([(1, 54), (17, 17), (37, 577)], group=4)
+    assert swapped.block_tables.shape == batch.block_tables.shape and swapped.k_cache.shape == batch.k_cache.shape
+    with pytest.raises(ValueError, match="plan does not match this call"):
+        ops.hybrid_attention(*swapped.args(), plan=plan)
+    with pytest.raises(ValueError, match="plan was built for kernel cuda but this call has cpu"):
+        ops.hybrid_attention(*batch.args(), plan=_plan(batch, num_ctas=8, kernel="cuda"))
     fresh = ops.AttentionPlan(max_batch=8, max_tokens=8, num_q_heads=8, num_kv_heads=2, head_dim=64, device="cpu")
     with pytest.raises(ValueError, match="plan has not been updated"):
         ops.hybrid_attention(*batch.args(), plan=fresh)
+    with pytest.raises(ValueError, match="plan was made for the cpu kernel"):
+        ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 8, plan=plan,
+                           kernel="cuda")

@@ -1,22 +1,19 @@
-import shutil
+import re
+from pathlib import Path
 
 import sarathi_rt
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
 def test_build_info_fields() -> None:
     info = sarathi_rt.build_info()
-    assert info["version"] == sarathi_rt.__version__
+    # The core is stamped with the project's version at build time: a stale build fails here.
+    version = re.search(r'^version = "([^"]+)"', PYPROJECT.read_text(), flags=re.M).group(1)
+    assert info["version"] == sarathi_rt.__version__ == version
     assert isinstance(info["cuda_compiled"], bool)
     assert isinstance(info["openmp"], bool)
     assert all(isinstance(a, str) for a in info["cuda_archs"])
     if info["cuda_compiled"]:
         assert info["cuda_archs"], "a CUDA build must list its archs"
         assert info["cutlass_version"] and info["cutlass_version"][0].isdigit()
-
-
-def test_ci_compiles_cuda_when_nvcc_is_present() -> None:
-    """CI has nvcc: the CUDA sources must be compiled there so they never rot."""
-    import os
-
-    if os.environ.get("CI") and shutil.which("nvcc") and os.environ.get("SARATHI_RT_CUDA", "auto") != "0":
-        assert sarathi_rt.build_info()["cuda_compiled"]

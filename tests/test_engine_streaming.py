@@ -100,6 +100,7 @@ def test_async_engine_serves_concurrent_clients(llm: LLM, expected: list[list[in
     assert _clean(llm)
 
 
+@pytest.mark.slow
 def test_text_prompts_with_a_tokenizer(tmp_path) -> None:
     tokenizers = pytest.importorskip("tokenizers")
     from transformers import PreTrainedTokenizerFast

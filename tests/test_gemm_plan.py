@@ -105,6 +105,9 @@ def test_gemm_plan_bad_inputs_name_the_argument() -> None:
         ops.gemm_plan(8, 8, 2.5, torch.float16)
     with pytest.raises(TypeError, match="dtype"):
         ops.gemm_plan(8, 8, 8, torch.int32)
+    with pytest.raises(ValueError, match="dtype must be float32, float16 or bfloat16"):
+        ops.gemm_plan(8, 8, 8, "int4")
+    assert ops.gemm_plan(8, 8, 8, "bf16") == ops.gemm_plan(8, 8, 8, torch.bfloat16)
     with pytest.raises(ValueError, match="device"):
         ops.gemm_plan(8, 8, 8, torch.float16, "tpu")
     with pytest.raises(ValueError, match="num_sms"):
@@ -123,3 +126,65 @@ def test_gemm_plan_on_cuda_uses_the_device_sm_count() -> None:
     plan = ops.gemm_plan(1024, 4096, 4096, torch.bfloat16, "cuda")
     assert plan.num_sms == props.multi_processor_count
     assert plan.arch == props.major * 10 + props.minor
+
+
+def test_dtype_may_be_named() -> None:
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        name = str(dtype).removeprefix("torch.")
+        assert ops.gemm_plan(100, 4096, 4096, name) == ops.gemm_plan(100, 4096, 4096, dtype)
+    assert ops.gemm_tile_size(4096, 4096, "bfloat16") == ops.gemm_tile_size(4096, 4096, torch.bfloat16)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a host without CUDA")
+def test_cuda_plan_without_a_gpu_asks_for_arch_and_num_sms() -> None:
+    for kw in ({}, {"arch": 90}, {"num_sms": 132}):
+        with pytest.raises(ValueError, match="pass arch= and num_sms="):
+            ops.gemm_plan(64, 4096, 4096, "bfloat16", device="cuda", **kw)
+    plan = ops.gemm_plan(64, 4096, 4096, "bfloat16", device="cuda:0", arch=90, num_sms=132)
+    assert (plan.arch, plan.num_sms) == (90, 132)
+    assert plan == ops.gemm_plan(64, 4096, 4096, "bfloat16", "cpu", arch=90, num_sms=132)
+
+
+# CTAs per SM of each configuration on an A100 (sm80: 164 KiB shared memory per SM) and
+# an H100/H200 (sm90: 228 KiB), 1 KiB reserved per CTA. Set by shared memory alone once
+# the kernels' registers allow it, as they do: e.g. the 64x16 decode tile uses 40 KiB,
+# so 4 fit on sm80 and 5 on sm90, where 255 registers a thread would allow only 2.
+CTAS_PER_SM = {
+    "128x256x64_s3": (1, 1), "128x128x64_s4": (1, 1), "64x128x64_s4": (1, 2),
+    "swap_128x32x64_s4": (2, 2), "swap_64x16x64_s4": (4, 5),
+}
+
+
+@pytest.mark.parametrize("config", sorted(CTAS_PER_SM))
+def test_ctas_per_sm_are_the_kernels_limits(config: str) -> None:
+    for (arch, num_sms), expected in zip(TARGETS, CTAS_PER_SM[config]):
+        plan = _plan(16, 4096, 4096, arch=arch, num_sms=num_sms, config=config, split_k=1)
+        assert plan.ctas_per_sm == expected, (arch, plan.registers)
+        assert 0 < plan.registers <= 255
+
+
+def test_decode_waves_use_the_real_occupancy() -> None:
+    # 4096 outputs in 64-row tiles with 8 K slices: 512 CTAs, one wave at 5 CTAs per SM on
+    # 132 SMs (two at the 2 per SM a 255-register assumption gives).
+    plan = _plan(8, 4096, 4096, arch=90, num_sms=132, config="swap_64x16x64_s4", split_k=8)
+    assert plan.ctas == 512 and plan.ctas_per_sm == 5 and plan.waves == 1
+
+
+def test_split_k_workspace_holds_a_float32_sum() -> None:
+    plan = _plan(16, 4096, 4096, config="swap_64x16x64_s4", split_k=4)
+    assert plan.workspace_bytes == 4 * 16 * 4096 + 4 * plan.tiles_m * plan.tiles_n
+    assert _plan(16, 4096, 4096, config="swap_64x16x64_s4", split_k=1).workspace_bytes == 0
+
+
+@requires_cuda
+@pytest.mark.parametrize("config", [c["name"] for c in ops.gemm_tile_configs()])
+def test_ctas_per_sm_match_the_driver(config: str) -> None:
+    from sarathi_rt import _C
+    from sarathi_rt.ops._checks import DTYPE_CODES
+
+    plan = ops.gemm_plan(16, 4096, 4096, torch.bfloat16, "cuda", config=config, split_k=1)
+    for dtype in (torch.bfloat16, torch.float16):
+        for split_k in (False, True):
+            driver = _C.gemm_kernel_occupancy(plan.config_id, DTYPE_CODES[dtype], split_k, 0)
+            assert driver["ctas_per_sm"] == plan.ctas_per_sm, (dtype, split_k, driver)
+            assert driver["registers"] <= plan.registers

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from sarathi_rt import ops
 
-from attention_batches import PagedBatch, make_batch
+from attention_batches import (PagedBatch, assert_strictly_close, make_batch, poison_chunk_keys,
+                               poison_unowned_slots, reference_and_tolerance)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -74,8 +75,54 @@ def test_hundreds_of_requests() -> None:
     kv_lens = torch.randint(1, 200, (300,), generator=g).tolist()
     q_lens = [min(kv, 24) if b % 15 == 0 else 1 for b, kv in enumerate(kv_lens)]
     q_lens[7], kv_lens[7] = 0, 5  # a request with nothing to compute this step
-    batch = make_batch(list(zip(q_lens, kv_lens)), num_kv_heads=2, group=2, head_dim=32)
+    batch = poison_unowned_slots(make_batch(list(zip(q_lens, kv_lens)), num_kv_heads=2, group=2, head_dim=32))
     assert_matches_reference(batch, batch.run())
+
+
+# Poisoned slots past every kv_len and past every causal limit, a request with no new
+# token, and a tolerance that one wrong key exceeds (see the next test).
+POISONED = [(1, 577), (17, 17), (0, 9), (37, 614), (1, 1), (5, 300)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size, group, scale", [(1, 1, None), (3, 16, None), (17, 32, None), (128, 4, 10.0)])
+def test_poisoned_cache_slots_are_never_read(dtype: torch.dtype, block_size: int, group: int,
+                                             scale: float | None) -> None:
+    batch = make_batch(POISONED, num_kv_heads=2, group=group, head_dim=32, block_size=block_size, dtype=dtype)
+    batch = poison_chunk_keys(poison_unowned_slots(batch))
+    assert_strictly_close(batch.run(scale=scale), batch, scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_strict_tolerance_catches_one_wrong_key(dtype: torch.dtype) -> None:
+    """One key too many in a 577-key row moves the output by ~2e-3, under a bf16 floor:
+    the error model must still see it, and the kernel must still pass it."""
+    batch = make_batch([(1, 578), (1, 40)], num_kv_heads=2, group=4, head_dim=64, dtype=dtype)
+    one_more, _ = reference_and_tolerance(batch)
+    exact = PagedBatch(**{**batch.__dict__, "seqlens_k": torch.tensor([577, 40], dtype=torch.int32)})
+    want, tol = reference_and_tolerance(exact)
+    assert ((one_more - want).abs() > tol).any()
+    assert_strictly_close(exact.run(), exact)
+
+
+def test_context_lengths_around_64k() -> None:
+    batch = make_batch([(1, 65535), (1, 65536), (1, 65537), (3, 65536)], num_kv_heads=1, group=2, head_dim=16,
+                       block_size=128, dtype=torch.bfloat16)
+    assert_strictly_close(poison_unowned_slots(batch).run(), batch)
+
+
+def test_rows_fully_masked_in_a_split_piece() -> None:
+    """A CPU plan whose last piece of a 2-query tile starts past the first query's causal
+    limit: that row sees no key of the piece, and the merge must give it weight 0."""
+    batch = poison_unowned_slots(make_batch([(2, 17409), (1, 40)], num_kv_heads=2, group=4, head_dim=32))
+    plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 8,
+                              num_ctas=64)
+    items = plan.work_items().tolist()
+    fields = dict(zip(ops.plan.ITEM_FIELDS, range(len(ops.plan.ITEM_FIELDS))))
+    masked = [it for it in items if it[fields["partial"]] >= 0 and it[fields["request"]] == 0
+              and it[fields["causal_offset"]] + 1 <= it[fields["kv_begin"]]]
+    assert masked, "no piece starts past the first query's limit"
+    assert_strictly_close(batch.run(plan=plan), batch)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -49,8 +49,9 @@ def test_linear_matches_float32_reference(dtype: torch.dtype, m: int, n: int, k:
 def test_every_tile_config_and_split(dtype: torch.dtype, config: int, split_k: int) -> None:
     m, n, k = 200, 264, 1024
     x, w, b = _operands(m, n, k, dtype, seed=config)
-    tiles = (m + 255) // 16 * ((n + 255) // 16)  # an upper bound on the tile count
-    workspace = torch.empty(4 * tiles, dtype=torch.uint8, device="cuda")
+    name = next(c["name"] for c in CONFIGS if c["id"] == config)
+    plan = ops.gemm_plan(m, n, k, dtype, "cuda", config=name, split_k=split_k)
+    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
     for bias in (None, b):
         out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
         torch.ops.sarathi_rt.linear_out(x, w, bias, out, config, split_k, workspace)
@@ -81,3 +82,30 @@ def test_linear_bad_inputs_on_cuda_name_the_argument() -> None:
         ops.linear(x, w.cpu())
     with pytest.raises(TypeError, match="weight has dtype"):
         ops.linear(x, w.half())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [4, 200])
+def test_split_k_sums_in_float32_like_the_unsplit_gemm(dtype: torch.dtype, m: int) -> None:
+    # Rounding each K slice's partial sum to 16 bits would move outputs by several ulps
+    # over 8 slices; summing in float32 leaves the one final rounding of the unsplit GEMM.
+    n, k = 256, 14336
+    x, w, b = _operands(m, n, k, dtype, seed=5)
+    config = ops.gemm_plan(m, n, k, dtype, "cuda").config
+    outs = {}
+    for split_k in (1, 8):
+        plan = ops.gemm_plan(m, n, k, dtype, "cuda", config=config, split_k=split_k)
+        workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
+        outs[split_k] = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        torch.ops.sarathi_rt.linear_out(x, w, b, outs[split_k], plan.config_id, split_k, workspace)
+    ulp = outs[1].float().abs() * torch.finfo(dtype).eps
+    assert torch.all((outs[8].float() - outs[1].float()).abs() <= ulp + 1e-6)
+    _close(outs[8], _reference(x, w, b), dtype)
+
+
+def test_split_k_needs_its_workspace() -> None:
+    x, w, _ = _operands(16, 256, 4096, torch.bfloat16)
+    out = torch.empty(16, 256, dtype=torch.bfloat16, device="cuda")
+    small = torch.empty(64, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="workspace"):
+        torch.ops.sarathi_rt.linear_out(x, w, None, out, 4, 4, small)

@@ -47,15 +47,16 @@ def test_synthetic_prompts_are_seeded() -> None:
     assert all(3 <= t < 512 for t in synthetic_prompt(spec, 512, 0))
 
 
-def test_profile_step_time_on_the_engine(engine, tmp_path) -> None:
+def test_profile_step_time_on_the_engine(engine) -> None:
     profile = profile_step_time(engine, [4, 16, 32], num_decodes=4, context_len=20, repeats=2, warmup=1)
     assert profile.num_tokens == (4, 16, 32) and all(s > 0 for s in profile.seconds)
-    choice = choose_token_budget(profile, 10.0, 16, plot_path=tmp_path / "t.png")
+    choice = choose_token_budget(profile, 10.0, 16)
     assert choice.token_budget == 32
     with pytest.raises(ValueError, match="KV blocks"):
         profile_step_time(engine, [32], num_decodes=8, context_len=400)
 
 
+@pytest.mark.slow
 def test_bench_on_the_engine(tmp_path) -> None:
     out = tmp_path / "b"
     assert main(["bench", "--model", "tiny", "--num-requests", "6", "--qps", "20", "--length-scale", "0.01",
@@ -66,6 +67,7 @@ def test_bench_on_the_engine(tmp_path) -> None:
     assert all(v["tokens_per_s"] > 0 for v in summary.values())
 
 
+@pytest.mark.slow
 def test_capacity_on_the_engine_with_slo_budget(tmp_path) -> None:
     out = tmp_path / "c"
     assert main(["capacity", "--model", "tiny", "--num-requests", "4", "--max-probes", "2", "--tbt-slo", "5",

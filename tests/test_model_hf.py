@@ -12,6 +12,8 @@ from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.engine import RowSampling, SequenceChunk, StepInput
 from sarathi_rt.scheduler import available_policies
 
+pytestmark = pytest.mark.slow  # long: runs in the full suite (scripts/test.sh), not the quick lane
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
 
 

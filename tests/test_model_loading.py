@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_models import HFModel, build, last_logits
-from sarathi_rt import LLM, SamplingParams
+from sarathi_rt import LLM, SamplingParams, ops
 from sarathi_rt.kv_cache import KVCache, KVCacheShape
 from sarathi_rt.models import ModelConfig, ParallelLayout, PRESETS, hf_tensor_shapes, load_model
 from sarathi_rt.models.context import StepContext
@@ -66,6 +66,7 @@ def test_presets() -> None:
         assert torch.equal(pa, pb) and (name.endswith("norm.weight") or not torch.equal(pa, pc)), name
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_loads_like_a_single_file(hf: HFModel, tmp_path) -> None:
     sharded = tmp_path / "sharded"
     hf.model.save_pretrained(sharded, max_shard_size="40KB")
@@ -124,10 +125,13 @@ def test_half_precision_loading(hf: HFModel, dtype: str, tolerance: float) -> No
 def _context(positions: list[int], blocks: list[int], block_size: int) -> StepContext:
     pos = torch.tensor(positions)
     table = torch.tensor([blocks], dtype=torch.int32)
+    cu_seqlens_q = torch.tensor([0, len(positions)], dtype=torch.int32)
+    seqlens_k = torch.tensor([len(positions)], dtype=torch.int32)
+    k_cache = torch.empty(len(blocks), block_size, 2, 16)  # the test model's KV heads and head_dim
     return StepContext(positions=pos, slot_mapping=table[0, pos // block_size].long() * block_size + pos % block_size,
-                       cu_seqlens_q=torch.tensor([0, len(positions)], dtype=torch.int32),
-                       seqlens_k=torch.tensor([len(positions)], dtype=torch.int32), block_tables=table,
-                       logits_indices=torch.tensor([len(positions) - 1]))
+                       cu_seqlens_q=cu_seqlens_q, seqlens_k=seqlens_k, block_tables=table,
+                       logits_indices=torch.tensor([len(positions) - 1]),
+                       attention_plan=ops.plan_attention(cu_seqlens_q, seqlens_k, table, k_cache, num_q_heads=4))
 
 
 def test_pipeline_stages_chain_to_the_whole_model(hf: HFModel) -> None:

@@ -30,6 +30,7 @@ def _step_inputs():
             batch.block_tables, torch.rand(batch.q.shape[1] * 16, generator=g))
 
 
+@pytest.mark.slow
 def test_compiled_step_equals_eager() -> None:
     eager_in, compiled_in = _step_inputs(), _step_inputs()
     expected = _step(*eager_in)
@@ -43,9 +44,11 @@ def test_compiled_step_equals_eager() -> None:
 def test_opcheck(case: str) -> None:
     key, value, k_cache, v_cache, slots, q, cu, seqlens_k, tables, weight = _step_inputs()
     x = torch.randn(6, 32)
+    plan = ops.plan_attention(cu, seqlens_k, tables, k_cache, q.shape[1])
     args = {
         "write_kv": (key, value, k_cache, v_cache, slots),
-        "hybrid_attention_out": (q, k_cache, v_cache, cu, seqlens_k, tables, 0.25, torch.empty_like(q)),
+        "hybrid_attention_out": (q, k_cache, v_cache, cu, seqlens_k, tables, plan.buffer, plan.capacity.as_list(),
+                                 0.25, torch.empty_like(q)),
         "rms_norm_out": (x, x.clone(), torch.rand(32), 1e-6, torch.empty_like(x), torch.empty_like(x)),
         "silu_and_mul_out": (x, torch.empty(6, 16)),
         "rotary_embedding": (torch.arange(6), torch.randn(6, 4, 16), torch.randn(6, 2, 16),

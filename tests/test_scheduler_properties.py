@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from sarathi_rt.scheduler import (RequestStatus, SchedulerConfig, available_policies,
                                   create_scheduler)
 
+pytestmark = pytest.mark.slow  # long: runs in the full suite (scripts/test.sh), not the quick lane
+
 HYBRID = {"sarathi", "orca", "decode_maximal"}  # every idle decode runs every step
 
 request_st = st.tuples(
@@ -43,6 +45,7 @@ class Shadow:
         self.state = "waiting"  # running / finished / aborted
         self.in_flight = False
         self.finished_count = 0
+        self.preemptions = 0
 
     @property
     def is_decode(self):
@@ -83,6 +86,7 @@ def check_plan(cfg, policy, plan, shadows, idle_decodes, in_flight):
         sh = shadows[rid]
         assert sh.state == "running" and not sh.in_flight
         sh.state, sh.computed, sh.target = "waiting", 0, sh.prompt + sh.generated
+        sh.preemptions += 1
     for e in plan.entries:
         sh = shadows[e.request_id]
         assert sh.state in ("waiting", "running") and e.num_tokens >= 1
@@ -184,7 +188,7 @@ def run_scenario(policy, sc):
         assert sh.state == "finished" and sh.finished_count == 1
         assert info.status is RequestStatus.FINISHED
         assert info.num_generated == sh.generated == min(sh.max_new, sh.stop or sh.max_new)
-        assert info.num_preemptions >= 0 and info.first_scheduled_step >= 1
+        assert info.num_preemptions == sh.preemptions and info.first_scheduled_step >= 1
 
 
 @pytest.mark.parametrize("policy", available_policies())

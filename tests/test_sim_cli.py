@@ -13,6 +13,7 @@ KEYS = ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "stalls", "tokens_per_s", 
         "step_error_p50", "step_error_p99", "under_predicted"]
 
 
+@pytest.mark.slow
 def test_bench_simulated_writes_summary_and_plots(tmp_path, capsys) -> None:
     out = tmp_path / "b"
     assert main(["bench", "--simulate", "--num-requests", "30", "--length-scale", "0.25", "--qps", "2",

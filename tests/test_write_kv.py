@@ -73,3 +73,25 @@ def test_write_kv_cuda_matches_cpu(dtype: torch.dtype) -> None:
     key_c, value_c, slots_c, (k_c, v_c, _, _) = _case(dtype)
     ops.write_kv(key_c, value_c, k_c, v_c, slots_c)
     assert torch.equal(k.cpu(), k_c) and torch.equal(v.cpu(), v_c)
+
+
+@requires_cuda
+def test_write_kv_cuda_rejects_out_of_range_slots() -> None:
+    key, value, slots, (k, v, _, _) = _case(torch.bfloat16, device="cuda")
+    num_slots = k.shape[0] * k.shape[1]
+    bad = slots.clone()
+    bad[3] = num_slots  # one past the end
+    message = rf"slot_mapping\[3\] = {num_slots} is outside the cache's {num_slots} slots"
+    with pytest.raises(ValueError, match=message):
+        ops.write_kv(key, value, k, v, bad)
+    # Without the wait, the bad slot is still never written and fails the next call.
+    ops.write_kv(key, value, k, v, bad, sync_check=False)
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=message):
+        ops.write_kv(key, value, k, v, slots)
+    k.zero_()
+    v.zero_()
+    ops.write_kv(key, value, k, v, slots)  # the error was reported once, then cleared
+    key_c, value_c, slots_c, (k_c, v_c, _, _) = _case(torch.bfloat16)
+    ops.write_kv(key_c, value_c, k_c, v_c, slots_c)
+    assert torch.equal(k.cpu(), k_c) and torch.equal(v.cpu(), v_c)

@@ -1,18 +1,23 @@
 // CPU hybrid-batch attention over a paged KV cache: prefill chunks and decodes in one
-// call. A work item is (request, KV heads, tile of queries, range of keys); for each of
-// its KV heads, the query heads of that GQA group and the tile's queries form rows that
-// share every key/value vector loaded. Per chunk of 32 keys and block of up to 4 rows:
+// call, running the work items and merges of a plan from the one attention planner
+// (attention_plan.h, target AttentionKernel::kCpu). An item covers one or (decodes) all
+// KV heads; for each of them, the item's rows (queries x the query heads of that GQA
+// group) share every key/value vector loaded. Per chunk of 32 keys and block of up to 4
+// rows:
 //   S = Q K^T   one dot product per (row, key), head_dim in vector lanes,
 //   online softmax once per chunk and row (base 2: Q is pre-scaled by log2(e)),
 //   O += P V    one axpy per (row, key) over head_dim.
 // Decodes are memory-bound: their items span all KV heads and read keys and values
 // straight from the pages (half precision converted in registers). Prefill tiles have
 // many rows per key, so each chunk is first converted to float32 once. Both paths run
-// the same arithmetic, and chunk boundaries sit at absolute key positions, so a query's
-// result does not depend on which tile, path or prefill chunk computed it.
+// the same arithmetic, and chunk boundaries sit at absolute key positions (split pieces
+// start at multiples of 64 keys), so a query's result depends neither on which tile or
+// path computed it nor on how its prompt was chunked, as long as its keys are not split.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <string>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -20,6 +25,7 @@
 #endif
 
 #include "cpu_simd.h"
+#include "sarathi_rt/attention_plan.h"
 #include "sarathi_rt/kv_ops.h"
 
 namespace sarathi_rt {
@@ -30,31 +36,19 @@ using cpu::vf;
 
 constexpr int64_t kKeyChunk = 2 * kLanes;  // keys per online-softmax step
 constexpr int64_t kRowBlock = 4;           // rows sharing each loaded key/value vector
-constexpr int64_t kMaxDirectRows = 8;      // rows per KV head up to which pages are read directly
-constexpr int64_t kTileRows = 64;          // target rows (queries x group heads) per item
-constexpr int64_t kMinSplitKeys = 1024;    // a key range worth a thread of its own
 constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kKeysPerChunk % kKeyChunk == 0, "split pieces must start on a softmax step");
 
 int64_t round_up(int64_t x, int64_t m) { return ceil_div(x, m) * m; }
 
-// Rows of an item, in order: its KV heads, then its queries, then the query heads of
-// that KV head's group. Requests with few rows per KV head (decodes) take every KV head
-// in one item, so that each key chunk is read as whole token rows (a token's heads are
-// contiguous in the cache) rather than as head_dim-sized pieces a token stride apart.
-struct WorkItem {
-  int32_t request;
-  int32_t head_begin, head_end;  // KV heads
-  int32_t q_begin, q_end;        // query indices inside the request
-  int32_t k_begin, k_end;        // key positions; k_begin is a multiple of kKeyChunk
-  int64_t partial = -1;          // >= 0: a slice of a split item, written unnormalized here
-  int64_t cost = 0;
-
-  int64_t rows_per_head(int64_t group) const { return (q_end - q_begin) * group; }
-  int64_t rows(int64_t group) const { return rows_per_head(group) * (head_end - head_begin); }
-  int64_t query(int64_t r, int64_t group) const { return q_begin + r % rows_per_head(group) / group; }
-  int64_t q_head(int64_t r, int64_t group) const {
-    return (head_begin + r / rows_per_head(group)) * group + r % group;
-  }
+// Rows of an item or merge, in order: its KV heads, then that head's rows
+// (query * group + head_in_group) from row_begin on.
+struct ItemRows {
+  int64_t kv_head, num_heads, row_begin, num_rows, group;
+  int64_t count() const { return num_heads * num_rows; }
+  int64_t flat(int64_t r) const { return row_begin + r % num_rows; }
+  int64_t query(int64_t r) const { return flat(r) / group; }  // inside the request
+  int64_t q_head(int64_t r) const { return (kv_head + r / num_rows) * group + flat(r) % group; }
 };
 
 // Sizes shared by every item of one call.
@@ -191,21 +185,19 @@ SRT_SIMD_INLINE void attend_chunk(const Chunk<KT>& c, int64_t per_head, int64_t 
 }
 
 template <typename T>
-SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, const WorkItem& w, Scratch& t,
+SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
                              float* partials) {
-  const int64_t q0 = p.cu_seqlens_q[w.request];
-  const int64_t q_len = p.cu_seqlens_q[w.request + 1] - q0;
-  const int64_t kv_len = p.seqlens_k[w.request];
-  const int64_t rows = w.rows(sh.group), per_head = w.rows_per_head(sh.group);
+  const ItemRows ir{w.kv_head, w.num_heads, w.row_begin, w.num_rows, sh.group};
+  const int64_t rows = ir.count(), per_head = w.num_rows;
   const int64_t Dp = sh.dim_padded;
-  const int32_t* table = p.block_tables + w.request * p.max_blocks_per_seq;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(w.request) * p.max_blocks_per_seq;
 
   const auto* q = static_cast<const T*>(p.q);
   const float q_scale = p.scale * kLog2e;
   for (int64_t r = 0; r < rows; ++r) {
-    const T* src = q + (q0 + w.query(r, sh.group)) * p.q_token_stride + w.q_head(r, sh.group) * p.q_head_stride;
+    const T* src = q + (w.q_token0 + ir.query(r)) * p.q_token_stride + ir.q_head(r) * p.q_head_stride;
     for (int64_t d = 0; d < sh.dim; ++d) t.q[r * Dp + d] = cpu::to_float(src[d]) * q_scale;
-    t.visible[r] = std::min<int64_t>(num_visible_keys(kv_len, q_len, w.query(r, sh.group)), w.k_end);
+    t.visible[r] = std::min<int64_t>(w.causal_offset + ir.query(r) + 1, w.kv_end);
   }
   std::fill(t.acc.begin(), t.acc.begin() + rows * Dp, 0.0f);
   std::fill(t.m.begin(), t.m.begin() + rows, -std::numeric_limits<float>::infinity());
@@ -214,13 +206,13 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
   const auto* k_cache = static_cast<const T*>(p.k_cache);
   const auto* v_cache = static_cast<const T*>(p.v_cache);
   const int64_t k_stop = *std::max_element(t.visible.begin(), t.visible.begin() + rows);
-  const int64_t row_bytes = (w.head_end - w.head_begin) * sh.dim * static_cast<int64_t>(sizeof(T));
-  for (int64_t j0 = w.k_begin; j0 < k_stop; j0 += kKeyChunk) {
+  const int64_t row_bytes = w.num_heads * sh.dim * static_cast<int64_t>(sizeof(T));
+  for (int64_t j0 = w.kv_begin; j0 < k_stop; j0 += kKeyChunk) {
     const int64_t n = std::min(kKeyChunk, k_stop - j0);
-    if (per_head <= kMaxDirectRows) {
-      Chunk<T> c{{}, {}, j0, n, sh.dim, w.head_end - w.head_begin, sh.dim, row_bytes};
+    if (per_head <= kCpuDirectRows) {
+      Chunk<T> c{{}, {}, j0, n, sh.dim, w.num_heads, sh.dim, row_bytes};
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t off = p.layout.position_offset(table, j0 + j, w.head_begin);
+        const int64_t off = p.layout.position_offset(table, j0 + j, w.kv_head);
         c.k[j] = k_cache + off;
         c.v[j] = v_cache + off;
       }
@@ -228,7 +220,7 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
     } else {  // many rows share each key: convert the chunk to float32 once (one head)
       Chunk<float> c{{}, {}, j0, n, Dp, 1, Dp, Dp * static_cast<int64_t>(sizeof(float))};
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t off = p.layout.position_offset(table, j0 + j, w.head_begin);
+        const int64_t off = p.layout.position_offset(table, j0 + j, w.kv_head);
         float* k = t.k.data() + j * Dp;
         float* v = t.v.data() + j * Dp;
         for (int64_t d = 0; d < Dp; d += kLanes) {
@@ -242,7 +234,7 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
     }
   }
 
-  if (w.partial >= 0) {  // a slice of a split item: the merge normalizes
+  if (w.partial >= 0) {  // a piece of a split tile: the merge normalizes
     float* dst = partials + w.partial * sh.partial_floats();
     std::copy(t.acc.begin(), t.acc.begin() + rows * Dp, dst);
     std::copy(t.m.begin(), t.m.begin() + rows, dst + sh.max_rows * Dp);
@@ -251,32 +243,34 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
   }
   auto* out = static_cast<T*>(p.out);
   for (int64_t r = 0; r < rows; ++r) {
-    T* dst = out + (q0 + w.query(r, sh.group)) * p.out_token_stride + w.q_head(r, sh.group) * p.out_head_stride;
+    T* dst = out + (w.q_token0 + ir.query(r)) * p.out_token_stride + ir.q_head(r) * p.out_head_stride;
     const float inv = t.l[r] > 0.0f ? 1.0f / t.l[r] : 0.0f;
     for (int64_t d = 0; d < sh.dim; ++d) dst[d] = cpu::from_float<T>(t.acc[r * Dp + d] * inv);
   }
 }
 
-// Combines the slices of one split item (in slice order, so results are deterministic).
+// Combines the pieces of one split tile (in key order, so results are deterministic).
 template <typename T>
-void merge_slices(const HybridAttentionParams& p, const Shape& sh, const WorkItem& w, int64_t first, int64_t count,
+void merge_pieces(const HybridAttentionParams& p, const Shape& sh, const AttentionMergeItem& mg,
                   const float* partials) {
-  const int64_t q0 = p.cu_seqlens_q[w.request];
+  const ItemRows ir{mg.kv_head, mg.num_heads, mg.row_begin, mg.num_rows, sh.group};
   const int64_t Dp = sh.dim_padded, stride = sh.partial_floats();
   auto* out = static_cast<T*>(p.out);
   std::vector<float> o(sh.dim);
-  for (int64_t r = 0, rows = w.rows(sh.group); r < rows; ++r) {
+  for (int64_t r = 0, rows = ir.count(); r < rows; ++r) {
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < count; ++i) m = std::max(m, partials[(first + i) * stride + sh.max_rows * Dp + r]);
+    for (int64_t i = 0; i < mg.num_partials; ++i) {
+      m = std::max(m, partials[(mg.first_partial + i) * stride + sh.max_rows * Dp + r]);
+    }
     float l = 0.0f;
     std::fill(o.begin(), o.end(), 0.0f);
-    for (int64_t i = 0; i < count; ++i) {
-      const float* slice = partials + (first + i) * stride;
-      const float weight = std::exp2(slice[sh.max_rows * Dp + r] - m);  // 0 for a slice the row cannot see
-      l += weight * slice[sh.max_rows * (Dp + 1) + r];
-      for (int64_t d = 0; d < sh.dim; ++d) o[d] += weight * slice[r * Dp + d];
+    for (int64_t i = 0; i < mg.num_partials; ++i) {
+      const float* piece = partials + (mg.first_partial + i) * stride;
+      const float weight = std::exp2(piece[sh.max_rows * Dp + r] - m);  // 0 for a piece the row cannot see
+      l += weight * piece[sh.max_rows * (Dp + 1) + r];
+      for (int64_t d = 0; d < sh.dim; ++d) o[d] += weight * piece[r * Dp + d];
     }
-    T* dst = out + (q0 + w.query(r, sh.group)) * p.out_token_stride + w.q_head(r, sh.group) * p.out_head_stride;
+    T* dst = out + (mg.q_token0 + ir.query(r)) * p.out_token_stride + ir.q_head(r) * p.out_head_stride;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     for (int64_t d = 0; d < sh.dim; ++d) dst[d] = cpu::from_float<T>(o[d] * inv);
   }
@@ -290,91 +284,132 @@ int max_threads() {
 #endif
 }
 
-// One item per request with at most kMaxDirectRows rows per KV head (decodes), else one
-// per (request, KV head, query tile); costliest first so that the dynamic schedule does
-// not end on one long prefill tile.
-std::vector<WorkItem> plan_items(const HybridAttentionParams& p, const Shape& sh) {
-  const int64_t tile = std::max<int64_t>(1, kTileRows / sh.group);
-  const int32_t heads = static_cast<int32_t>(p.layout.num_kv_heads);
-  std::vector<WorkItem> items;
-  auto add = [&](int32_t b, int32_t h0, int32_t h1, int64_t q, int64_t q_end, int64_t q_len) {
-    const int64_t keys = num_visible_keys(p.seqlens_k[b], q_len, q_end - 1);
-    items.push_back({b, h0, h1, static_cast<int32_t>(q), static_cast<int32_t>(q_end), 0, static_cast<int32_t>(keys),
-                     -1, (q_end - q) * sh.group * (h1 - h0) * keys});
-  };
-  for (int32_t b = 0; b < p.batch; ++b) {
-    const int64_t q_len = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-    if (q_len == 0) continue;
-    if (q_len * sh.group <= kMaxDirectRows) {
-      add(b, 0, heads, 0, q_len, q_len);
-      continue;
-    }
-    for (int32_t h = 0; h < heads; ++h) {
-      for (int64_t q = 0; q < q_len; q += tile) add(b, h, h + 1, q, std::min(q + tile, q_len), q_len);
-    }
-  }
-  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
-  return items;
+Shape shape_of(const HybridAttentionParams& p) {
+  return Shape{p.num_q_heads / p.layout.num_kv_heads, p.layout.head_dim, round_up(p.layout.head_dim, kLanes),
+               std::max<int64_t>(kWideTileRows, kCpuDirectRows * p.layout.num_kv_heads)};
 }
 
+// Threads take the plan's items one at a time (dynamically: a thread that another process
+// delays costs only its current item), in rounds over the workers' lists, which the
+// planner filled longest first: the k-th item of every worker, then the (k+1)-th, ... so
+// the long items start first. Then the merges, once every piece is written.
 template <typename T>
-void run_all(const HybridAttentionParams& p, const Shape& sh, const std::vector<WorkItem>& items) {
-  // With fewer items than threads (a few long decodes), long items are cut into key
-  // ranges computed in parallel and merged afterwards.
-  const int64_t threads = max_threads();
-  std::vector<WorkItem> work;
-  std::vector<std::pair<size_t, int64_t>> merges;  // (item, number of slices); slices are consecutive
-  int64_t num_slices = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const WorkItem& w = items[i];
-    const int64_t want = static_cast<int64_t>(items.size()) < threads ? threads / static_cast<int64_t>(items.size()) : 1;
-    const int64_t slices = std::min(want, w.k_end / kMinSplitKeys);
-    if (slices <= 1) {
-      work.push_back(w);
-      continue;
+void run_plan(const HybridAttentionParams& p, const Shape& sh, const int32_t* plan, const AttentionPlanCapacity& cap) {
+  const int32_t* begin = plan + cap.cta_begin_offset();
+  const auto* items = reinterpret_cast<const AttentionWorkItem*>(plan + cap.items_offset());
+  const auto* merges = reinterpret_cast<const AttentionMergeItem*>(plan + cap.merges_offset());
+  const int64_t num_merges = plan[kPlanNumMerges];
+  std::vector<int32_t> order;
+  order.reserve(static_cast<size_t>(plan[kPlanNumItems]));
+  for (int32_t k = 0; static_cast<int64_t>(order.size()) < plan[kPlanNumItems]; ++k) {
+    for (int64_t c = 0; c < cap.num_ctas; ++c) {
+      if (begin[c] + k < begin[c + 1]) order.push_back(begin[c] + k);
     }
-    const int64_t step = round_up(ceil_div(w.k_end, slices), kKeyChunk);
-    int64_t count = 0;
-    for (int64_t k = 0; k < w.k_end; k += step, ++count) {
-      WorkItem slice = w;
-      slice.k_begin = static_cast<int32_t>(k);
-      slice.k_end = static_cast<int32_t>(std::min<int64_t>(k + step, w.k_end));
-      slice.partial = num_slices + count;
-      work.push_back(slice);
-    }
-    merges.emplace_back(i, count);
-    num_slices += count;
   }
-  std::vector<float> partials(static_cast<size_t>(num_slices * sh.partial_floats()));
+  std::unique_ptr<float[]> partials(new float[static_cast<size_t>(plan[kPlanNumPartials] * sh.partial_floats())]);
 
 #pragma omp parallel
   {
     Scratch scratch(sh);
 #pragma omp for schedule(dynamic, 1)
-    for (size_t i = 0; i < work.size(); ++i) run_item<T>(p, sh, work[i], scratch, partials.data());
+    for (size_t i = 0; i < order.size(); ++i) run_item<T>(p, sh, items[order[i]], scratch, partials.get());
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t m = 0; m < num_merges; ++m) merge_pieces<T>(p, sh, merges[m], partials.get());
   }
-  int64_t first = 0;
-  for (const auto& [item, count] : merges) {
-    merge_slices<T>(p, sh, items[item], first, count, partials.data());
-    first += count;
+}
+
+void run_plan(const HybridAttentionParams& p, const int32_t* plan, const AttentionPlanCapacity& cap) {
+  const Shape sh = shape_of(p);
+  switch (p.dtype) {
+    case DType::kFloat32: run_plan<float>(p, sh, plan, cap); break;
+    case DType::kFloat16: run_plan<cpu::f16>(p, sh, plan, cap); break;
+    case DType::kBFloat16: run_plan<cpu::bf16>(p, sh, plan, cap); break;
   }
+}
+
+// Every item and merge of a given plan must lie inside this call's batch and the kernel's
+// scratch: a plan built for another step (same shapes, other lengths) must not read or
+// write out of bounds.
+Status check_plan(const HybridAttentionParams& p, const int32_t* plan, const AttentionPlanCapacity& cap) {
+  const auto mismatch = [](const std::string& what) {
+    return Status::Invalid("plan does not match this call (" + what +
+                           "); build it with plan_attention for this step's batch");
+  };
+  if (cap.kernel != AttentionKernel::kCpu || plan[kPlanKernel] != static_cast<int32_t>(AttentionKernel::kCpu)) {
+    return Status::Invalid("plan was built for the CUDA kernel; plan_attention(..., kernel=\"cpu\") plans for this one");
+  }
+  const int64_t num_items = plan[kPlanNumItems], num_merges = plan[kPlanNumMerges];
+  const int64_t num_partials = plan[kPlanNumPartials];
+  if (plan[kPlanNumCtas] != cap.num_ctas || num_items < 0 || num_items > cap.max_items || num_merges < 0 ||
+      num_merges > cap.max_merges || num_partials < 0 || num_partials > cap.max_partials) {
+    return mismatch("its header disagrees with its capacity");
+  }
+  const int32_t* begin = plan + cap.cta_begin_offset();
+  if (begin[0] != 0 || begin[cap.num_ctas] != num_items) return mismatch("worker ranges");
+  for (int64_t c = 0; c < cap.num_ctas; ++c) {
+    if (begin[c + 1] < begin[c]) return mismatch("worker ranges");
+  }
+  const Shape sh = shape_of(p);
+  const auto rows_ok = [&](int64_t kv_head, int64_t num_heads, int64_t row_begin, int64_t num_rows) {
+    return kv_head >= 0 && num_heads >= 1 && kv_head + num_heads <= p.layout.num_kv_heads && row_begin >= 0 &&
+           num_rows >= 1 && num_heads * num_rows <= sh.max_rows && (num_heads == 1 || num_rows <= kCpuDirectRows);
+  };
+  const auto* items = reinterpret_cast<const AttentionWorkItem*>(plan + cap.items_offset());
+  for (int64_t i = 0; i < num_items; ++i) {
+    const AttentionWorkItem& w = items[i];
+    const std::string at = "work item " + std::to_string(i);
+    if (w.request < 0 || w.request >= p.batch) return mismatch(at + " names request " + std::to_string(w.request));
+    const int64_t q_len = p.cu_seqlens_q[w.request + 1] - p.cu_seqlens_q[w.request];
+    const int64_t kv_len = p.seqlens_k[w.request];
+    if (w.q_token0 != p.cu_seqlens_q[w.request] || w.causal_offset != kv_len - q_len ||
+        !rows_ok(w.kv_head, w.num_heads, w.row_begin, w.num_rows) ||
+        w.row_begin + w.num_rows > q_len * sh.group || w.kv_begin < 0 || w.kv_begin % kKeyChunk != 0 ||
+        w.kv_begin >= w.kv_end || w.kv_end > kv_len || w.partial < -1 || w.partial >= num_partials) {
+      return mismatch(at + ", request " + std::to_string(w.request));
+    }
+  }
+  const auto* merges = reinterpret_cast<const AttentionMergeItem*>(plan + cap.merges_offset());
+  for (int64_t m = 0; m < num_merges; ++m) {
+    const AttentionMergeItem& mg = merges[m];
+    if (!rows_ok(mg.kv_head, mg.num_heads, mg.row_begin, mg.num_rows) || mg.q_token0 < 0 ||
+        mg.q_token0 + (mg.row_begin + mg.num_rows - 1) / sh.group >= p.total_q || mg.first_partial < 0 ||
+        mg.num_partials < 1 || mg.first_partial + mg.num_partials > num_partials) {
+      return mismatch("merge " + std::to_string(m));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
 
+int64_t cpu_attention_workers() { return 2 * static_cast<int64_t>(max_threads()); }
+
 Status hybrid_attention_cpu(const HybridAttentionParams& p) {
-  Status st = validate_attention_indices(p);
+  AttentionPlanInputs in;
+  in.cu_seqlens_q = p.cu_seqlens_q;
+  in.seqlens_k = p.seqlens_k;
+  in.block_tables = p.block_tables;
+  in.batch = p.batch;
+  in.total_q = p.total_q;
+  in.num_q_heads = p.num_q_heads;
+  in.max_blocks_per_seq = p.max_blocks_per_seq;
+  in.layout = p.layout;
+  const AttentionPlanCapacity cap =
+      attention_plan_capacity(p.batch, p.total_q, p.num_q_heads, p.layout.num_kv_heads,
+                              attention_target(AttentionKernel::kCpu, cpu_attention_workers()));
+  std::vector<int32_t> plan(static_cast<size_t>(cap.total_words()));
+  Status st = build_attention_plan(in, cap, plan.data());  // validates the indices
   if (!st.ok()) return st;
-  const int64_t group = p.num_q_heads / p.layout.num_kv_heads;
-  const int64_t tile = std::max<int64_t>(1, kTileRows / group);
-  const Shape sh{group, p.layout.head_dim, round_up(p.layout.head_dim, kLanes),
-                 std::max(tile * group, kMaxDirectRows * p.layout.num_kv_heads)};
-  const std::vector<WorkItem> items = plan_items(p, sh);
-  switch (p.dtype) {
-    case DType::kFloat32: run_all<float>(p, sh, items); break;
-    case DType::kFloat16: run_all<cpu::f16>(p, sh, items); break;
-    case DType::kBFloat16: run_all<cpu::bf16>(p, sh, items); break;
-  }
+  run_plan(p, plan.data(), cap);
+  return Status::Ok();
+}
+
+Status hybrid_attention_cpu_planned(const HybridAttentionParams& p, const int32_t* plan,
+                                    const AttentionPlanCapacity& cap) {
+  Status st = validate_attention_indices(p);
+  if (st.ok()) st = check_plan(p, plan, cap);
+  if (!st.ok()) return st;
+  run_plan(p, plan, cap);
   return Status::Ok();
 }
 

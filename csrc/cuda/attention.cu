@@ -107,6 +107,7 @@ Status hybrid_attention_cuda(const HybridAttentionParams& p, const PlannedAttent
   Status st = check_supported(p.layout.head_dim, p.dtype);
   if (!st.ok()) return st;
   if (plan.plan == nullptr || plan.capacity.num_ctas <= 0) return Status::Invalid("plan: no device work list");
+  if (plan.capacity.kernel != AttentionKernel::kCuda) return Status::Invalid("plan was built for the CPU kernel");
   DeviceGuard guard(plan.device);
   auto s = static_cast<cudaStream_t>(stream);
   return p.dtype == DType::kFloat16 ? run<__half>(p, plan, s) : run<__nv_bfloat16>(p, plan, s);

@@ -1,10 +1,19 @@
-// float16 instantiations of the linear GEMMs (one file per dtype: parallel compiles).
+// float16 instantiations of the unsplit linear GEMMs (one file per dtype and output:
+// parallel compiles).
 #include <cutlass/half.h>
 
 #include "gemm_kernels.cuh"
 
 namespace sarathi_rt::gemm_detail {
 
-Status run_fp16(const GemmParams& p, cudaStream_t stream) { return run_config<cutlass::half_t>(p, stream); }
+Status run_fp16(const GemmParams& p, cudaStream_t stream) {
+  using T = cutlass::half_t;
+  return with_config<T, T>(p.config_id, RunKernel<T>{p, direct_target<T>(p), stream});
+}
+
+Status occupancy_fp16(int32_t config_id, bool split_k, GemmKernelOccupancy* out) {
+  if (split_k) return occupancy_fp16_split(config_id, out);  // in gemm_split_fp16.cu
+  return with_config<cutlass::half_t, cutlass::half_t>(config_id, KernelOccupancy{out});
+}
 
 }  // namespace sarathi_rt::gemm_detail

@@ -141,10 +141,10 @@ class BudgetChoice:
 
 
 def choose_token_budget(profile: StepTimeProfile, tbt_slo: float, tile_size: int = 128, *,
-                        margin: float = 0.1, plot_path: str | os.PathLike[str] | None = None) -> BudgetChoice:
+                        margin: float = 0.1) -> BudgetChoice:
     """The largest multiple of tile_size (up to the largest profiled count) such that it
     and every smaller multiple take at most tbt_slo * (1 - margin); the margin absorbs longer contexts and
-    noise. Writes a PNG of T(n) with the choice to plot_path when given. Raises
+    noise (sarathi_rt.plots.plot_step_time draws the profile with the choice). Raises
     ValueError when not even one tile meets the SLO."""
     if not (isinstance(tbt_slo, (int, float)) and tbt_slo > 0 and math.isfinite(tbt_slo)):
         raise ValueError(f"tbt_slo must be a positive finite number of seconds, got {tbt_slo!r}")
@@ -162,8 +162,4 @@ def choose_token_budget(profile: StepTimeProfile, tbt_slo: float, tile_size: int
     if best is None:
         raise ValueError(f"tbt_slo={tbt_slo} s is out of reach: a {tile_size}-token step takes "
                          f"{profile.step_time(tile_size):.4g} s (limit {limit:.4g} s with margin {margin})")
-    if plot_path is not None:
-        from sarathi_rt.plots import plot_step_time
-
-        plot_step_time(profile, best, plot_path)
     return best

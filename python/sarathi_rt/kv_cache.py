@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sarathi_rt.dtypes import DTypeLike, parse_dtype
+
 
 @dataclass(frozen=True)
 class KVCacheShape:
@@ -12,15 +14,14 @@ class KVCacheShape:
     block_size: int
     num_kv_heads: int
     head_dim: int
-    dtype: torch.dtype = torch.float32
+    dtype: DTypeLike = torch.float32  # a torch dtype or its name; stored as the torch dtype
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "block_size", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"dtype must be float32, float16 or bfloat16, got {self.dtype}")
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
 
     @property
     def bytes_per_block(self) -> int:

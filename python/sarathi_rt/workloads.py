@@ -11,11 +11,14 @@ import csv
 import functools
 import gzip
 import io
+import math
 import os
 from dataclasses import dataclass
 from importlib import resources
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 BUILTIN_TRACES = {
     "sharegpt": "sharegpt_8k_filtered_stats_llama2_tokenizer.csv.gz",
@@ -69,6 +72,8 @@ def load_trace(name_or_path: str) -> Trace:
 
 @functools.lru_cache(maxsize=8)
 def _read_trace(path: str, name: str) -> Trace:
+    import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
+
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as raw:
         rows = list(csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline="")))
@@ -124,7 +129,7 @@ class WorkloadConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not (isinstance(self.qps, (int, float)) and self.qps > 0 and np.isfinite(self.qps)):
+        if not (isinstance(self.qps, (int, float)) and self.qps > 0 and math.isfinite(self.qps)):
             raise ValueError(f"qps must be a positive finite number, got {self.qps!r}")
         if self.arrival not in ARRIVALS:
             raise ValueError(f"arrival must be one of {ARRIVALS}, got {self.arrival!r}")
@@ -146,6 +151,8 @@ class WorkloadConfig:
 
 def make_workload(config: WorkloadConfig) -> list[RequestSpec]:
     """Requests with ids 0..n-1 in arrival order; the same config gives the same list."""
+    import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
+
     rng = np.random.default_rng(config.seed)
     prompt, decode, trace_times = _lengths(config, rng)
     n = config.num_requests
@@ -165,6 +172,8 @@ def make_workload(config: WorkloadConfig) -> list[RequestSpec]:
 
 def _lengths(config: WorkloadConfig, rng: np.random.Generator
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
+
     n = config.num_requests
     if config.lengths == "fixed":
         return np.full(n, config.prompt_len), np.full(n, config.decode_len), None
@@ -195,6 +204,8 @@ def _lengths(config: WorkloadConfig, rng: np.random.Generator
 
 
 def _rescale(times: np.ndarray, qps: float) -> np.ndarray:
+    import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
+
     span = times[-1] - times[0]
     if len(times) < 2 or span <= 0:
         return np.arange(len(times)) / qps
@@ -218,6 +229,7 @@ def system_prompt_workload(num_requests: int, qps: float, *, num_system_prompts:
     """Poisson arrivals at `qps`; each prompt is one of `num_system_prompts` fixed texts
     of `system_len` tokens (picked at random) followed by a user message of a length
     drawn from `user_range`. Ids are in arrival order."""
+    import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
     _check_counts(num_requests=num_requests, num_system_prompts=num_system_prompts, system_len=system_len,
                   vocab_size=vocab_size)
     if not (isinstance(qps, (int, float)) and qps > 0 and np.isfinite(qps)):
@@ -242,6 +254,7 @@ def multi_turn_workload(num_conversations: int, qps: float, *, turns: int = 4, f
     turn arriving an exponential `think_time` (mean, seconds) after the previous one.
     Every turn re-sends the conversation so far: the previous prompt, the previous
     answer (synthetic ids of its decode length) and a new user message."""
+    import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
     _check_counts(num_conversations=num_conversations, turns=turns, first_len=first_len, vocab_size=vocab_size)
     if not (isinstance(qps, (int, float)) and qps > 0 and np.isfinite(qps)):
         raise ValueError(f"qps must be a positive finite number, got {qps!r}")

@@ -1,12 +1,15 @@
 // The hybrid-attention plan: built once per step on the host from cu_seqlens_q and
-// seqlens_k, copied to the device once, and read by the attention launch of every layer.
+// seqlens_k and read by the attention of every layer, on the GPU (copied to the device
+// once) and on the CPU alike. One planner serves both kernels; an AttentionTarget
+// describes the kernel that will run the plan (its tile shapes, its parallel workers and
+// the cost model the planner balances them with).
 //
 // A request's query rows are flattened as row = query * group + head_in_group, so the
 // query heads that share one KV head also share every K/V tile loaded from the pages.
-// A work item is one tile of those rows (16 "narrow" rows, where the 4 warps of a CTA
-// split the keys; or 64 "wide" rows, where the warps split the rows) against a range of
-// keys. Decodes become narrow tiles; prefill chunks become wide tiles. When there are
-// too few tiles to fill the GPU, long key ranges are split; each piece writes a partial
+// A work item is one tile of those rows, for one KV head or (CPU decodes) for every KV
+// head at once, against a range of keys. Requests with few rows per KV head (decodes)
+// become "narrow" tiles; the others are cut into "wide" tiles. A tile that costs more
+// than its share of the workers is split into key ranges; each piece writes a partial
 // result and its log-sum-exp, and a merge item combines the pieces of one tile.
 //
 // Every array has a capacity fixed when the plan is created, so the device buffers never
@@ -21,20 +24,52 @@
 
 namespace sarathi_rt {
 
+// Tile shapes of the CUDA kernel (attention_kernel.cuh): 16 narrow rows, where the 4 warps
+// of a CTA split the keys; 64 wide rows, where the warps split the rows.
 constexpr int32_t kNarrowTileRows = 16;
 constexpr int32_t kWideTileRows = 64;
-constexpr int32_t kKeysPerChunk = 64;    // keys loaded per pipeline stage of the kernel
-constexpr int32_t kMinSplitChunks = 4;   // a split piece covers at least this many chunks
+constexpr int32_t kKeysPerChunk = 64;    // keys loaded per pipeline stage of the CUDA kernel
+constexpr int32_t kMinSplitChunks = 4;   // a CUDA split piece covers at least this many chunks
+constexpr int32_t kCpuDirectRows = 8;    // CPU: rows per KV head up to which pages are read directly
+constexpr int32_t kCpuMinSplitChunks = 16;  // CPU: a split piece covers at least 1024 keys
+constexpr int64_t kMaxPiecesPerWorker = 8;  // sizes the partial slots: splits never need more
 
 enum class TileKind : int32_t { kNarrow = 0, kWide = 1 };
+enum class AttentionKernel : int32_t { kCuda = 0, kCpu = 1 };
+
+// What the planner knows of the kernel that runs the plan.
+struct AttentionTarget {
+  AttentionKernel kernel = AttentionKernel::kCuda;
+  int64_t num_workers = 0;      // CUDA: CTAs of the persistent grid; CPU: about the threads
+  int64_t narrow_rows = 0;      // a request with at most this many rows per KV head is narrow
+  int64_t wide_rows = 0;        // rows per wide tile
+  bool narrow_spans_heads = false;  // one narrow item covers every KV head (whole token rows)
+  int64_t key_chunk = 0;        // split pieces start at multiples of this many keys (the cost unit)
+  int64_t min_split_chunks = 0;
+  // Cost of an item: per chunk and KV head, kind_cost[kind] + row_cost * rows; plus item_cost.
+  int64_t kind_cost[2] = {0, 0};
+  int64_t row_cost = 0;
+  int64_t item_cost = 0;
+};
+
+// CUDA: 16/64-row tiles, streaming 64-key chunks, wide tiles twice the cost of narrow
+// ones. CPU: decodes read every KV head's keys in one item; a chunk costs a fixed part
+// for loading it plus one per row (measured on bench_attention's mixed batch).
+AttentionTarget attention_target(AttentionKernel kernel, int64_t num_workers);
+
+// Workers of a CPU plan by default: two per OpenMP thread, so that a lone long decode is
+// cut into a few pieces that threads take in turn (the CPU kernel schedules items
+// dynamically; the workers size the splits).
+int64_t cpu_attention_workers();
 
 struct AttentionWorkItem {
   int32_t request;
-  int32_t kv_head;
+  int32_t kv_head;        // first KV head
+  int32_t num_heads;      // KV heads kv_head .. kv_head + num_heads (1 on CUDA)
   int32_t q_token0;       // cu_seqlens_q[request]: the request's first row in q
   int32_t causal_offset;  // kv_len - q_len: query i sees keys [0, causal_offset + i]
-  int32_t row_begin;      // first flattened row (query * group + head_in_group)
-  int32_t num_rows;       // <= the tile's rows
+  int32_t row_begin;      // first flattened row (query * group + head_in_group), per head
+  int32_t num_rows;       // rows per head, <= the tile's rows
   int32_t kv_begin;       // keys [kv_begin, kv_end) of this piece
   int32_t kv_end;
   int32_t kind;           // TileKind
@@ -45,6 +80,7 @@ struct AttentionWorkItem {
 struct AttentionMergeItem {
   int32_t q_token0;
   int32_t kv_head;
+  int32_t num_heads;
   int32_t row_begin;
   int32_t num_rows;
   int32_t first_partial;
@@ -57,6 +93,7 @@ enum PlanHeaderField : int32_t {
   kPlanNumMerges = 1,
   kPlanNumPartials = 2,
   kPlanNumCtas = 3,
+  kPlanKernel = 4,  // the AttentionKernel it was built for
   kPlanHeaderWords = 8,
 };
 
@@ -64,7 +101,8 @@ struct AttentionPlanCapacity {
   int64_t max_items = 0;
   int64_t max_merges = 0;
   int64_t max_partials = 0;
-  int64_t num_ctas = 0;  // the fixed (persistent) grid of the attention kernel
+  int64_t num_ctas = 0;  // workers: the fixed (persistent) grid of the CUDA kernel (see AttentionTarget)
+  AttentionKernel kernel = AttentionKernel::kCuda;
 
   // int32 word offsets of each section inside one plan buffer; items and merges are
   // arrays of int32 structs, so 4-byte alignment is all they need.
@@ -79,11 +117,11 @@ struct AttentionPlanCapacity {
 };
 
 // Worst-case sizes for any batch of at most max_batch requests and max_tokens query
-// tokens: a request with R = q_len * group rows needs at most R / 64 + 1 tiles per KV
-// head, and splitting happens only when there are fewer tiles than CTAs, where it makes
-// fewer than two pieces per CTA.
+// tokens: a request with R = q_len * group rows needs at most R / wide_rows + 1 tiles per
+// KV head; splits use at most kMaxPiecesPerWorker partial slots per worker (the planner
+// only picks splits that fit).
 AttentionPlanCapacity attention_plan_capacity(int64_t max_batch, int64_t max_tokens, int64_t num_q_heads,
-                                              int64_t num_kv_heads, int64_t num_ctas);
+                                              int64_t num_kv_heads, const AttentionTarget& target);
 
 struct AttentionPlanInputs {
   const int32_t* cu_seqlens_q = nullptr;  // host, [batch + 1]
@@ -97,9 +135,28 @@ struct AttentionPlanInputs {
 };
 
 // Validates the index arrays (errors name the argument) and fills `buffer` (capacity's
-// total_words() int32 words) with the header, per-CTA item ranges, items and merges.
-// Key ranges are split only when there are fewer tiles than CTAs.
+// total_words() int32 words) with the header, per-worker item ranges, items and merges,
+// for the target attention_target(cap.kernel, cap.num_ctas). Each worker's cost stays
+// near total / workers: tiles are cut into key ranges where that shortens the longest
+// worker (trying piece sizes of total / (k * workers), k = 1, 2, ..., so pieces fill
+// whole waves of workers), then assigned longest first to the least loaded worker.
 Status build_attention_plan(const AttentionPlanInputs& in, const AttentionPlanCapacity& cap, int32_t* buffer);
+
+// The planner's cost model applied to a built plan: per-worker loads.
+struct AttentionPlanStats {
+  int64_t num_items = 0;
+  int64_t num_splits = 0;  // tiles cut into pieces (one merge each)
+  int64_t num_partials = 0;
+  int64_t max_load = 0;    // the costliest worker
+  int64_t total_load = 0;  // all workers
+};
+AttentionPlanStats attention_plan_stats(const int32_t* buffer, const AttentionPlanCapacity& cap);
+
+// The CPU kernel running a plan built for AttentionKernel::kCpu (host buffer). Checks
+// the indices and that every item lies inside this call's batch, so a stale plan is an
+// error rather than a stray read.
+Status hybrid_attention_cpu_planned(const HybridAttentionParams& p, const int32_t* plan,
+                                    const AttentionPlanCapacity& cap);
 
 }  // namespace sarathi_rt
 

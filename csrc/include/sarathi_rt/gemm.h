@@ -18,7 +18,7 @@ struct GemmParams {
   DType dtype = DType::kBFloat16;  // x, w, bias and y; accumulation is float32
   int32_t config_id = 0;           // a GemmTileConfig id
   int32_t split_k = 1;
-  void* workspace = nullptr;       // split-K semaphores: 4 bytes per output tile
+  void* workspace = nullptr;       // split-K only: gemm_split_k_workspace_bytes (gemm_plan.h)
   int64_t workspace_bytes = 0;
 };
 
@@ -32,6 +32,15 @@ Status gemm_small_m_cpu(const GemmParams& p);
 
 #if defined(SARATHI_RT_WITH_CUDA)
 Status gemm_cuda(const GemmParams& p, void* stream);
+
+// The driver's view of one GEMM kernel (a tile configuration, dtype, and the float32
+// output of split-K or not) on `device`: registers per thread and the CTAs per SM of
+// its occupancy calculator, to check the planner's occupancy against.
+struct GemmKernelOccupancy {
+  int32_t registers = 0;
+  int32_t ctas_per_sm = 0;
+};
+Status gemm_cuda_occupancy(int32_t config_id, DType dtype, bool split_k, int device, GemmKernelOccupancy* out);
 #endif
 
 }  // namespace sarathi_rt

@@ -18,6 +18,11 @@ struct WriteKVParams {
   int64_t value_token_stride = 0, value_head_stride = 0;
   PagedKVLayout layout{};
   DType dtype = DType::kFloat32;
+  // CUDA: wait for the kernel so an out-of-range slot fails this call. Without it the
+  // kernel still writes no out-of-range slot, and the next write_kv call on that device
+  // reports it (no host sync per call).
+  bool sync_check = true;
+  int32_t device = 0;  // CUDA device index of the tensors
 };
 
 // One launch for a batch mixing prefill chunks and decodes (requests back to back in q).

@@ -3,7 +3,9 @@ simulator flags, and one serving run of a policy (real engine or simulator)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Callable, Sequence
 
 from sarathi_rt.metrics import RequestMetrics, StepMetrics
@@ -13,6 +15,17 @@ from sarathi_rt.sim.shape_model import ShapeCostModel
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, data_path
 
 DEFAULT_PROFILE = "a100_llama-2-7b_mlp.csv.gz"
+
+
+def optional_plots() -> ModuleType | None:
+    """sarathi_rt.plots when matplotlib is installed (the `plot` extra); otherwise None,
+    after saying how to get the plots. The numbers never depend on it."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print("plots skipped: matplotlib is not installed (pip install 'sarathi_rt[plot]' to get them)")
+        return None
+    from sarathi_rt import plots
+
+    return plots
 
 
 def add_common_args(p: argparse.ArgumentParser, policies: str) -> None:

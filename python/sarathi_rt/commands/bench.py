@@ -15,11 +15,10 @@ import time
 from tqdm.auto import tqdm
 
 from sarathi_rt.metrics import MetricsSummary, save_requests_csv, save_steps_csv, summarize
-from sarathi_rt.plots import plot_tbt_cdf, plot_tokens_per_step
 from sarathi_rt.slo_metrics import SLOMetrics, slo_metrics
 from sarathi_rt.workloads import make_workload
 
-from ._serving import add_common_args, fill_defaults, make_backend, parse_policies, workload_config
+from ._serving import add_common_args, fill_defaults, make_backend, optional_plots, parse_policies, workload_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -59,15 +58,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {policy}: {len(steps)} steps in {time.perf_counter() - start:.1f} s")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({p: {**s.bench_dict(), **slos[p].to_dict()} for p, s in summaries.items()}, f, indent=2)
-    plot_tbt_cdf(tbts, os.path.join(args.out, "tbt_cdf.png"))
-    plot_tokens_per_step(steps_by_policy, os.path.join(args.out, "tokens_per_step.png"))
+    written = "summary.json"
+    plots = optional_plots()
+    if plots is not None:
+        plots.plot_tbt_cdf(tbts, os.path.join(args.out, "tbt_cdf.png"))
+        plots.plot_tokens_per_step(steps_by_policy, os.path.join(args.out, "tokens_per_step.png"))
+        written += ", tbt_cdf.png, tokens_per_step.png"
     print(format_table(summaries))
     print(format_slo_table(slos))
     if "sarathi" in summaries and "vllm" in summaries:
         s, v = summaries["sarathi"], summaries["vllm"]
         ratio = s.tbt.p99 / v.tbt.p99 if v.tbt.p99 > 0 else math.nan
         print(f"sarathi P99 TBT / vllm P99 TBT = {ratio:.3f}; stalls {s.stalls} vs {v.stalls}")
-    print(f"wrote {args.out}/summary.json, tbt_cdf.png, tokens_per_step.png and per-policy CSVs")
+    print(f"wrote {args.out}/{written} and per-policy CSVs")
     return 0
 
 

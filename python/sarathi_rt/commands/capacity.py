@@ -13,11 +13,10 @@ import os
 from sarathi_rt.budget import choose_token_budget, profile_cost_model, profile_step_time
 from sarathi_rt.capacity import SLO, CapacityResult, find_capacity
 from sarathi_rt.metrics import MetricsSummary, summarize
-from sarathi_rt.plots import plot_capacity
 from sarathi_rt.workloads import make_workload
 
-from ._serving import EngineBackend, SimBackend, add_common_args, fill_defaults, make_backend, parse_policies, \
-    workload_config
+from ._serving import EngineBackend, SimBackend, add_common_args, fill_defaults, make_backend, optional_plots, \
+    parse_policies, workload_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -60,10 +59,12 @@ def run(args: argparse.Namespace) -> int:
     with open(os.path.join(args.out, "capacity_probes.json"), "w") as f:
         json.dump({"token_budget": args.token_budget, "tbt_slo": args.tbt_slo,
                    "probes": {p: [dataclasses.asdict(x) for x in r.probes] for p, r in results.items()}}, f, indent=1)
-    plot_capacity(results, args.tbt_slo, os.path.join(args.out, "capacity.png"))
+    plots = optional_plots()
+    if plots is not None:
+        plots.plot_capacity(results, args.tbt_slo, os.path.join(args.out, "capacity.png"))
     if "sarathi" in results and "vllm" in results and results["vllm"].max_qps > 0:
         print(f"sarathi / vllm capacity = {results['sarathi'].max_qps / results['vllm'].max_qps:.2f}x")
-    print(f"wrote {args.out}/capacity.json, capacity_probes.json, capacity.png")
+    print(f"wrote {args.out}/capacity.json, capacity_probes.json" + (", capacity.png" if plots else ""))
     return 0
 
 
@@ -86,8 +87,10 @@ def _slo_budget(args: argparse.Namespace, backend: SimBackend | EngineBackend) -
         context = max(1, min(mean_len, cache_tokens // num_decodes - tile))
         profile = profile_step_time(engine, [tile * k for k in range(1, 9)], num_decodes=num_decodes,
                                     context_len=context)
-    choice = choose_token_budget(profile, args.tbt_slo, tile, plot_path=os.path.join(args.out, "step_time.png"))
+    choice = choose_token_budget(profile, args.tbt_slo, tile)
     print(f"token budget from the {args.tbt_slo * 1e3:g} ms SLO: {choice.token_budget} "
-          f"(T = {choice.step_time * 1e3:.1f} ms with {num_decodes} decodes over {context} tokens each; "
-          f"plot in {args.out}/step_time.png)")
+          f"(T = {choice.step_time * 1e3:.1f} ms with {num_decodes} decodes over {context} tokens each)")
+    plots = optional_plots()
+    if plots is not None:
+        plots.plot_step_time(profile, choice, os.path.join(args.out, "step_time.png"))
     return choice.token_budget

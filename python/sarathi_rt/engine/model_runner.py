@@ -20,10 +20,11 @@ class _Staging:
         self._pinned = torch.empty(0, dtype=dtype)
         self._copied = torch.cuda.Event() if self.cuda else None
 
-    def to_device(self, values: list[int]) -> torch.Tensor:
+    def to_device(self, values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(host tensor, device tensor) of `values`; the same tensor on the CPU."""
         host = torch.tensor(values, dtype=self.dtype)
         if not self.cuda:
-            return host
+            return host, host
         assert self._copied is not None
         self._copied.synchronize()
         if self._pinned.numel() < host.numel():
@@ -33,23 +34,23 @@ class _Staging:
         pinned.copy_(host)
         out = pinned.to(self.device, non_blocking=True)
         self._copied.record()
-        return out
+        return host, out
 
 
 class ModelRunner:
     """`max_batch` / `max_tokens` size the attention plan's buffers (a larger step
     grows them). prepare() validates the step once: positions against the model's
-    context, block tables against the positions, token ids against the vocabulary; the
-    layers then run on the context without checking it again."""
+    context, block tables against the positions, token ids against the vocabulary, and
+    block ids against the cache while planning attention (for the CPU and the CUDA
+    kernel alike); the layers then run on the context without checking it again."""
 
     def __init__(self, model: LlamaForCausalLM, block_size: int, max_batch: int = 1,
-                 max_tokens: int = 1, use_attention_plan: bool | None = None) -> None:
+                 max_tokens: int = 1) -> None:
         self.model = model
         self.block_size = block_size
         self.device = model.cos_sin_cache.device
         self.vocab_size = model.config.vocab_size
         self.max_position = model.config.max_position_embeddings
-        self.use_attention_plan = self.device.type == "cuda" if use_attention_plan is None else use_attention_plan
         self._plan: ops.AttentionPlan | None = None
         self._plan_size = (max_batch, max_tokens)
         self._int64 = _Staging(self.device, torch.int64)
@@ -99,14 +100,14 @@ class ModelRunner:
             raise ValueError(f"token ids must be in [0, {self.vocab_size})")
         # One transfer per dtype; the context's tensors are views of it.
         tokens, batch = len(ids), len(chunks)
-        longs = self._int64.to_device(ids + positions + slots + logits_rows)
-        ints = self._int32.to_device(cu_seqlens + seqlens_k + tables)
-        cu_seqlens_q, seqlens_k_t = ints[:batch + 1], ints[batch + 1:2 * batch + 1]
-        block_tables = ints[2 * batch + 1:].view(batch, width)
-        plan = None
-        if self.use_attention_plan:
-            plan = self._attention_plan(*(torch.tensor(v, dtype=torch.int32) for v in (cu_seqlens, seqlens_k)),
-                                        torch.tensor(tables, dtype=torch.int32).view(batch, width))
+        _, longs = self._int64.to_device(ids + positions + slots + logits_rows)
+        host, ints = self._int32.to_device(cu_seqlens + seqlens_k + tables)
+
+        def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return t[:batch + 1], t[batch + 1:2 * batch + 1], t[2 * batch + 1:].view(batch, width)
+
+        cu_seqlens_q, seqlens_k_t, block_tables = split(ints)
+        plan = self._attention_plan(*split(host))
         ctx = StepContext(positions=longs[tokens:2 * tokens], slot_mapping=longs[2 * tokens:3 * tokens],
                           cu_seqlens_q=cu_seqlens_q, seqlens_k=seqlens_k_t, block_tables=block_tables,
                           logits_indices=longs[3 * tokens:], attention_plan=plan)

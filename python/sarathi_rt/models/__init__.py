@@ -5,7 +5,9 @@ from pathlib import Path
 
 import torch
 
-from .config import ModelConfig, parse_dtype
+from sarathi_rt.dtypes import parse_dtype
+
+from .config import ModelConfig
 from .context import StepContext
 from .llama import LlamaForCausalLM
 from .loader import hf_tensor_shapes, init_random, load_checkpoint

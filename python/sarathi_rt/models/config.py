@@ -7,22 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
 # model_type -> (q/k/v projections carry a bias, o_proj carries a bias) when the config
 # does not say; Qwen2 always biases q/k/v and never o.
 _FAMILIES: dict[str, tuple[bool, bool] | None] = {"llama": None, "mistral": None, "qwen2": (True, False)}
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """'float32' | 'bfloat16' | 'float16' (or the torch dtype) -> torch dtype."""
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
-        return DTYPES[dtype.removeprefix("torch.")]
-    raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,7 @@ class StepContext:
     positions, slot_mapping: int64 [num_tokens]; cu_seqlens_q: int32 [batch + 1];
     seqlens_k: int32 [batch] (cached tokens, this step's included); block_tables:
     int32 [batch, max_blocks]; logits_indices: int64 [rows that sample a token];
-    attention_plan: the step's hybrid-attention work list, shared by every layer (built
-    on CUDA, where the kernel runs from it).
+    attention_plan: the step's hybrid-attention work list, shared by every layer.
     """
 
     positions: torch.Tensor
@@ -26,7 +25,7 @@ class StepContext:
     seqlens_k: torch.Tensor
     block_tables: torch.Tensor
     logits_indices: torch.Tensor
-    attention_plan: AttentionPlan | None = None
+    attention_plan: AttentionPlan
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from sarathi_rt import ops
+from sarathi_rt.ops.attention import run_attention
 from sarathi_rt.kv_cache import KVCache
 from sarathi_rt.profiling import nvtx_range
 
@@ -85,9 +86,11 @@ class Attention(nn.Module):
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, self.num_kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
         torch.ops.sarathi_rt.rotary_embedding(ctx.positions, q, k, cos_sin)
-        torch.ops.sarathi_rt.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
-        out = ops.hybrid_attention(q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seqlens_k,
-                                   ctx.block_tables, scale=self.scale, plan=ctx.attention_plan)
+        # The slots come from the engine's own block tables: no per-layer wait on the GPU.
+        torch.ops.sarathi_rt.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, sync_check=False)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        run_attention(ctx.attention_plan, q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seqlens_k,
+                      ctx.block_tables, self.scale, out)
         return self.o_proj(out.view(tokens, self.q_size))
 
 

@@ -14,6 +14,9 @@ _FLOATS = tuple(DTYPE_CODES)
 MAX_CPU_HEAD_DIM = 256
 CUDA_HEAD_DIMS = (64, 128)
 _CUDA_FLOATS = (torch.float16, torch.bfloat16)
+# The CPU op's "plan this call yourself": an empty plan buffer.
+_NO_PLAN = torch.empty(0, dtype=torch.int32)
+_NO_CAPACITY = [0, 0, 0, 0, 0]
 
 
 def _check_caches(k_cache: object, v_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,10 +27,15 @@ def _check_caches(k_cache: object, v_cache: object) -> tuple[torch.Tensor, torch
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, *, sync_check: bool = True) -> None:
     """Scatter key/value [num_tokens, num_kv_heads, head_dim] into the paged caches
     [num_blocks, block_size, num_kv_heads, head_dim] at slot_mapping (int64; slot =
-    block * block_size + offset; a negative slot skips that token)."""
+    block * block_size + offset; a negative slot skips that token).
+
+    A slot past the cache raises ValueError naming slot_mapping and writes nothing there.
+    On CUDA that waits for the kernel; sync_check=False (for callers whose slots come
+    from their own block tables) skips the wait, and a bad slot is then reported by the
+    next write_kv call on that device instead."""
     k, v = _check_caches(k_cache, v_cache)
     check_tensor("key", key, ndim=3, dtypes=_FLOATS, last_dim_contiguous=True)
     check_tensor("value", value, ndim=3, dtypes=_FLOATS, last_dim_contiguous=True)
@@ -41,7 +49,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
         raise ValueError(f"slot_mapping is on {slot_mapping.device} but key is on {key.device}")
     if slot_mapping.shape[0] != key.shape[0]:
         raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries but key has {key.shape[0]} tokens")
-    torch.ops.sarathi_rt.write_kv(key, value, k, v, slot_mapping)
+    torch.ops.sarathi_rt.write_kv(key, value, k, v, slot_mapping, sync_check)
 
 
 def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -54,10 +62,10 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     this step's included; block_tables (int32 [batch, max_blocks]) maps positions to
     blocks. Query i of a request with q_len queries sees positions 0..kv_len - q_len + i.
 
-    plan: the step's `plan_attention(...)`, built once and reused by every layer. On CUDA
-    (float16/bfloat16, head_dim 64 or 128, any block size) one is built on the fly when
-    it is None, which copies the index arrays to the host; the CPU kernel only checks
-    that a given plan matches the call.
+    plan: the step's `plan_attention(...)`, built once and reused by every layer, on CUDA
+    (float16/bfloat16, head_dim 64 or 128, any block size) and on the CPU alike. When it
+    is None the op plans this call itself (on CUDA that copies the index arrays to the
+    host). A given plan must have been built for this batch and this device's kernel.
     """
     k, v = _check_caches(k_cache, v_cache)
     check_tensor("q", q, ndim=3, dtypes=_FLOATS, last_dim_contiguous=True)
@@ -103,12 +111,26 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if not isinstance(plan, AttentionPlan):
             raise TypeError(f"plan must be an AttentionPlan, got {type(plan).__name__}")
         plan.check_matches(q, k, seqlens_k, block_tables)
-    if q.device.type == "cuda":
-        torch.ops.sarathi_rt.hybrid_attention_planned_out(q, k, v, block_tables, plan.buffer, plan.partial_out,
-                                                          plan.partial_lse, plan.capacity.as_list(), scale, out)
+        run_attention(plan, q, k, v, cu_seqlens_q, seqlens_k, block_tables, scale, out)
     else:
-        torch.ops.sarathi_rt.hybrid_attention_out(q, k, v, cu_seqlens_q, seqlens_k, block_tables, scale, out)
+        torch.ops.sarathi_rt.hybrid_attention_out(q, k, v, cu_seqlens_q, seqlens_k, block_tables, _NO_PLAN,
+                                                  _NO_CAPACITY, scale, out)
     return out
+
+
+def run_attention(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                  out: torch.Tensor) -> None:
+    """The per-layer launch of a planned step (flashinfer's run after plan): it trusts
+    that the step's tensors were checked when `plan` was built for them, and checks
+    nothing itself. `hybrid_attention` is the checked entry point."""
+    if plan.kernel == "cuda":
+        torch.ops.sarathi_rt.hybrid_attention_planned_out(q, k_cache, v_cache, block_tables, plan.buffer,
+                                                          plan.partial_out, plan.partial_lse,
+                                                          plan.capacity.as_list(), scale, out)
+    else:
+        torch.ops.sarathi_rt.hybrid_attention_out(q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_tables,
+                                                  plan.buffer, plan.capacity.as_list(), scale, out)
 
 
 def _check_aligned(name: str, t: torch.Tensor) -> None:
@@ -128,19 +150,21 @@ def _check_cuda_inputs(q: torch.Tensor, head_dim: int) -> None:
 
 @native_op("write_kv", mutates_args=("k_cache", "v_cache"))
 def _write_kv_op(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+                 slot_mapping: torch.Tensor, sync_check: bool = True) -> None:
     _C.write_kv(key.data_ptr(), value.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(),
                 key.shape[0], key.stride()[:2], value.stride()[:2], tuple(k_cache.shape), DTYPE_CODES[key.dtype],
-                device_code(key), stream_of(key))
+                device_code(key), stream_of(key), sync_check)
 
 
 @native_op("hybrid_attention_out", mutates_args=("out",))
 def _hybrid_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                         seqlens_k: torch.Tensor, block_tables: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+                         seqlens_k: torch.Tensor, block_tables: torch.Tensor, plan_buffer: torch.Tensor,
+                         capacity: list[int], scale: float, out: torch.Tensor) -> None:
     _C.hybrid_attention(q.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cu_seqlens_q.data_ptr(),
                         seqlens_k.data_ptr(), block_tables.data_ptr(), seqlens_k.shape[0], q.shape[0], q.shape[1],
                         block_tables.shape[1], q.stride()[:2], out.stride()[:2], tuple(k_cache.shape), scale,
-                        DTYPE_CODES[q.dtype], device_code(q), stream_of(q))
+                        DTYPE_CODES[q.dtype], device_code(q), stream_of(q),
+                        plan_buffer.data_ptr() if plan_buffer.numel() else 0, capacity)
 
 
 @native_op("hybrid_attention_planned_out", mutates_args=("partial_out", "partial_lse", "out"))

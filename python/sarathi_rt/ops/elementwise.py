@@ -7,6 +7,7 @@ import math
 import torch
 
 from sarathi_rt import _C
+from sarathi_rt.dtypes import DTypeLike, parse_dtype
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
 from sarathi_rt.ops._registry import native_op
 
@@ -130,7 +131,7 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, rope_scaling: dict) -> torch.Tensor
 
 
 def rope_cos_sin_cache(rotary_dim: int, max_position: int, base: float, rope_scaling: dict | None = None,
-                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                       dtype: DTypeLike = torch.float32) -> torch.Tensor:
     """[max_position, rotary_dim] = cat(cos, sin) of position * inv_freq, for `rotary_embedding`.
 
     rope_scaling: None, {"rope_type" (or "type"): "default"} or {"rope_type": "llama3",
@@ -145,8 +146,7 @@ def rope_cos_sin_cache(rotary_dim: int, max_position: int, base: float, rope_sca
         raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
     if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0 or not math.isfinite(base):
         raise ValueError(f"base must be a positive finite number, got {base!r}")
-    if dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"dtype must be float32 (the kernels' cache) or float64, got {dtype}")
+    dtype = parse_dtype(dtype, allowed=(torch.float32, torch.float64))  # float32: the kernels' cache
     kind = _rope_scaling_type(rope_scaling)
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(dtype) / rotary_dim
     inv_freq = 1.0 / (base ** exponents)

@@ -2,9 +2,10 @@
 
 On CUDA, bfloat16/float16 run a CUTLASS tensor-core GEMM (float32 accumulation) with the
 tile configuration and split-K that `gemm_plan` chooses for (M, N, K, SMs), so the
-runtime knows the tile its steps are aligned to. float32, and shapes the 16-byte
-vectorized kernels cannot take (K or N not a multiple of 8, misaligned views), go to
-torch. On the CPU this is torch's own GEMM (oneDNN/MKL), which a hand-written one of ours
+runtime knows the tile its steps are aligned to. Split-K adds its K slices up in float32
+too and rounds once, so it agrees with the unsplit GEMM to the output dtype's rounding.
+float32, and shapes the 16-byte vectorized kernels cannot take (K or N not a multiple of
+8, misaligned views), go to torch. On the CPU this is torch's own GEMM (oneDNN/MKL), which a hand-written one of ours
 would not beat, except in one case that decode steps hit every time: a few rows against
 a weight too large to stay in cache (the LM head). That product is bound by reading the
 weight, which torch's GEMM does at a fraction of memory bandwidth; our kernel streams it
@@ -75,9 +76,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return torch.nn.functional.linear(x, weight, bias)
     plan = gemm_plan(x2.shape[0], n, k, x.dtype, x.device)
     out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
-    # Serial split-K counts finished K slices per output tile in an int32 semaphore.
-    workspace = torch.empty(4 * plan.tiles_m * plan.tiles_n if plan.split_k > 1 else 0, dtype=torch.uint8,
-                            device=x.device)
+    # Split-K: the float32 sum of the K slices and one semaphore per output tile.
+    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=x.device)
     torch.ops.sarathi_rt.linear_out(x2, weight, bias, out, plan.config_id, plan.split_k, workspace)
     return out.view(*x.shape[:-1], n)
 

@@ -1,8 +1,10 @@
 """The hybrid-attention plan: built once per step, read by every layer's attention.
 
 `plan_attention` turns one step's batch (cu_seqlens_q, seqlens_k, block tables) into the
-work list of the CUDA kernel: prefill tiles, decode tiles and, when the batch is too
-small to fill the GPU, split-KV pieces with the merges that combine them. The buffers
+work list of an attention kernel: prefill tiles, decode tiles and split-KV pieces with
+the merges that combine them, balanced so that no worker (a CTA of the CUDA kernel, a
+share of the CPU threads) carries much more than its share. One planner serves both
+kernels; `kernel` says which one will run the plan (default: the device's). The buffers
 have a capacity fixed at construction (from max_batch and max_tokens), so their device
 addresses never change and a planned step can be captured in a CUDA graph: call
 `plan.update(...)` before each replay, outside the graph.
@@ -14,15 +16,17 @@ from dataclasses import dataclass
 import torch
 
 from sarathi_rt import _C
+from sarathi_rt.dtypes import DTypeLike, parse_dtype
 from sarathi_rt.ops._checks import DTYPE_CODES, check_tensor
 
 LAYOUT: dict[str, int] = dict(_C.ATTENTION_PLAN_LAYOUT)
-# Grid of an H100/H200-class GPU (132 SMs x 2 CTAs): the default for plans on the CPU,
-# which show what a GPU would run.
-DEFAULT_CPU_CTAS = 264
-ITEM_FIELDS = ("request", "kv_head", "q_token0", "causal_offset", "row_begin", "num_rows", "kv_begin", "kv_end",
+# Grid of an H100/H200-class GPU (132 SMs x 2 CTAs): the default for CUDA-kernel plans
+# made on a CPU device, which show what a GPU would run.
+DEFAULT_GPU_CTAS = 264
+KERNELS = {"cuda": LAYOUT["kernel_cuda"], "cpu": LAYOUT["kernel_cpu"]}
+ITEM_FIELDS = ("request", "kv_head", "num_heads", "q_token0", "causal_offset", "row_begin", "num_rows", "kv_begin", "kv_end",
                "kind", "partial")
-MERGE_FIELDS = ("q_token0", "kv_head", "row_begin", "num_rows", "first_partial", "num_partials")
+MERGE_FIELDS = ("q_token0", "kv_head", "num_heads", "row_begin", "num_rows", "first_partial", "num_partials")
 NARROW, WIDE = 0, 1
 
 
@@ -32,10 +36,11 @@ class PlanCapacity:
     max_merges: int
     max_partials: int
     num_ctas: int
+    kernel: int
     total_words: int
 
     def as_list(self) -> list[int]:
-        return [self.max_items, self.max_merges, self.max_partials, self.num_ctas]
+        return [self.max_items, self.max_merges, self.max_partials, self.num_ctas, self.kernel]
 
 
 def _positive(name: str, value: object) -> int:
@@ -47,11 +52,17 @@ def _positive(name: str, value: object) -> int:
 
 
 class AttentionPlan:
-    """Fixed-capacity work list of the hybrid-attention kernel for one step at a time."""
+    """Fixed-capacity work list of a hybrid-attention kernel for one step at a time.
+
+    kernel: "cuda" or "cpu", the kernel that runs the plan (default: the device's type; a
+    "cuda" plan on a CPU device only shows what a GPU would run). num_ctas: the workers
+    the plan balances: the CUDA kernel's persistent CTAs (default: what fits the GPU, or
+    264 on a CPU device), or for the CPU kernel 2 per thread (its threads take items
+    dynamically; the workers size the splits)."""
 
     def __init__(self, *, max_batch: int, max_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                 device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
-                 num_ctas: int | None = None) -> None:
+                 device: torch.device | str = "cuda", dtype: DTypeLike = torch.bfloat16,
+                 num_ctas: int | None = None, kernel: str | None = None) -> None:
         self.max_batch = _positive("max_batch", max_batch)
         self.max_tokens = _positive("max_tokens", max_tokens)
         self.num_q_heads = _positive("num_q_heads", num_q_heads)
@@ -59,24 +70,30 @@ class AttentionPlan:
         self.head_dim = _positive("head_dim", head_dim)
         if num_q_heads % num_kv_heads != 0:
             raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-        if dtype not in DTYPE_CODES:
-            raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+        dtype = parse_dtype(dtype)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        self.kernel = self.device.type if kernel is None else kernel
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {self.kernel!r}")
+        if self.kernel == "cpu" and self.device.type != "cpu":
+            raise ValueError(f"kernel='cpu' plans live on the CPU, not on device {self.device}")
         self.dtype = dtype
         if num_ctas is None:
             num_ctas = self._default_ctas()
         cap = _C.attention_plan_capacity(max_batch, max_tokens, num_q_heads, num_kv_heads,
-                                         _positive("num_ctas", num_ctas))
+                                         _positive("num_ctas", num_ctas), KERNELS[self.kernel])
         self.capacity = PlanCapacity(*cap)
         on_cuda = self.device.type == "cuda"
         self._host = torch.zeros(self.capacity.total_words, dtype=torch.int32, pin_memory=on_cuda)
-        self.buffer = torch.zeros(self.capacity.total_words, dtype=torch.int32, device=self.device)
+        self.buffer = torch.zeros_like(self._host, device=self.device) if on_cuda else self._host
+        # Split pieces of the CUDA kernel wait here for their merge; the CPU kernel keeps
+        # its own (its items may span every KV head).
+        slots = self.capacity.max_partials if on_cuda else 0
         rows = LAYOUT["wide_rows"]
-        self.partial_out = torch.empty(self.capacity.max_partials, rows, head_dim, dtype=torch.float32,
-                                       device=self.device)
-        self.partial_lse = torch.empty(self.capacity.max_partials, rows, dtype=torch.float32, device=self.device)
+        self.partial_out = torch.empty(slots, rows, head_dim, dtype=torch.float32, device=self.device)
+        self.partial_lse = torch.empty(slots, rows, dtype=torch.float32, device=self.device)
         # The pinned host buffer may not be rewritten while its last copy is in flight.
         self._copied = torch.cuda.Event() if on_cuda else None
         self.batch = -1  # geometry of the last update; -1 until the first one
@@ -85,16 +102,18 @@ class AttentionPlan:
         self.cache_shape: tuple[int, ...] = ()
 
     def _default_ctas(self) -> int:
+        if self.kernel == "cpu":
+            return _C.cpu_attention_workers()
         if self.device.type != "cuda":
-            return DEFAULT_CPU_CTAS
+            return DEFAULT_GPU_CTAS
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         per_sm = _C.attention_ctas_per_sm(self.head_dim, DTYPE_CODES[self.dtype], self.device.index)
         return sms * per_sm
 
     def update(self, cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor,
                k_cache: torch.Tensor) -> AttentionPlan:
-        """Plans one step (validating every index on host copies) and copies the work list
-        to the device on the current stream. Returns self."""
+        """Plans one step (validating every index on host copies) and, on CUDA, copies the
+        work list to the device on that device's current stream. Returns self."""
         check_tensor("k_cache", k_cache, ndim=4)
         if k_cache.device != self.device:
             raise ValueError(f"k_cache is on {k_cache.device} but the plan is on {self.device}")
@@ -121,9 +140,11 @@ class AttentionPlan:
         _C.build_attention_plan(self._host.data_ptr(), host["cu_seqlens_q"].data_ptr(), host["seqlens_k"].data_ptr(),
                                 host["block_tables"].data_ptr(), batch, total_q, self.num_q_heads,
                                 block_tables.shape[1], tuple(k_cache.shape), self.capacity.as_list())
-        self.buffer.copy_(self._host, non_blocking=self._copied is not None)
         if self._copied is not None:
-            self._copied.record()
+            # The copy runs on the plan's device's current stream (whichever device is
+            # current), so that is where its end is recorded.
+            self.buffer.copy_(self._host, non_blocking=True)
+            self._copied.record(torch.cuda.current_stream(self.device))
         self.batch, self.total_q = batch, total_q
         self.max_blocks_per_seq = block_tables.shape[1]
         self.cache_shape = tuple(k_cache.shape)
@@ -134,7 +155,8 @@ class AttentionPlan:
         """Raises ValueError (naming `plan`) unless this plan was built for this call."""
         if self.batch < 0:
             raise ValueError("plan has not been updated with a batch yet (call plan.update)")
-        want = {"device": (self.device, q.device), "num_q_heads": (self.num_q_heads, q.shape[1]),
+        want = {"device": (self.device, q.device), "kernel": (self.kernel, q.device.type),
+                "num_q_heads": (self.num_q_heads, q.shape[1]),
                 "k_cache shape": (self.cache_shape, tuple(k_cache.shape)),
                 "batch": (self.batch, seqlens_k.shape[0]), "total_q": (self.total_q, q.shape[0]),
                 "block_tables columns": (self.max_blocks_per_seq, block_tables.shape[1])}
@@ -158,6 +180,18 @@ class AttentionPlan:
     def num_partials(self) -> int:
         return int(self._host[2])
 
+    def stats(self) -> dict[str, float]:
+        """The last plan under the planner's cost model: num_items, num_splits (tiles cut
+        into key ranges), num_partials, num_workers, max_load / mean_load (cost of the
+        costliest / an average worker) and load_efficiency = mean_load / max_load."""
+        if self.batch < 0:
+            raise ValueError("plan has not been updated with a batch yet (call plan.update)")
+        s = _C.attention_plan_stats(self._host.data_ptr(), self.capacity.as_list())
+        mean = s["total_load"] / self.capacity.num_ctas
+        return {"num_items": s["num_items"], "num_splits": s["num_splits"], "num_partials": s["num_partials"],
+                "num_workers": self.capacity.num_ctas, "max_load": s["max_load"], "mean_load": mean,
+                "load_efficiency": mean / s["max_load"] if s["max_load"] else 1.0}
+
     def work_items(self) -> torch.Tensor:
         """[num_items, len(ITEM_FIELDS)] int32, grouped by CTA in launch order."""
         offset = LAYOUT["header_words"] + self.capacity.num_ctas + 1
@@ -176,10 +210,11 @@ class AttentionPlan:
 def plan_attention(cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor,
                    k_cache: torch.Tensor, num_q_heads: int, *, plan: AttentionPlan | None = None,
                    max_batch: int | None = None, max_tokens: int | None = None,
-                   num_ctas: int | None = None) -> AttentionPlan:
-    """Plans one step of `hybrid_attention`. Pass `plan=` to refill an existing plan in
-    place (its buffers keep their addresses); otherwise a new one is sized from
-    max_batch / max_tokens (default: this batch)."""
+                   num_ctas: int | None = None, kernel: str | None = None) -> AttentionPlan:
+    """Plans one step of `hybrid_attention`, on CUDA and CPU caches alike. Pass `plan=` to
+    refill an existing plan in place (its buffers keep their addresses); otherwise a new
+    one is sized from max_batch / max_tokens (default: this batch), for `kernel` (default:
+    the cache's device type) and num_ctas workers (see AttentionPlan)."""
     check_tensor("k_cache", k_cache, ndim=4)
     if plan is None:
         check_tensor("seqlens_k", seqlens_k, ndim=1)
@@ -188,9 +223,11 @@ def plan_attention(cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_ta
         plan = AttentionPlan(max_batch=max_batch or max(1, seqlens_k.shape[0]),
                              max_tokens=max_tokens or max(1, total_q), num_q_heads=num_q_heads,
                              num_kv_heads=k_cache.shape[2], head_dim=k_cache.shape[3], device=k_cache.device,
-                             dtype=k_cache.dtype, num_ctas=num_ctas)
+                             dtype=k_cache.dtype, num_ctas=num_ctas, kernel=kernel)
     elif not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan must be an AttentionPlan, got {type(plan).__name__}")
     elif plan.num_q_heads != num_q_heads:
         raise ValueError(f"plan was made for {plan.num_q_heads} query heads, not num_q_heads={num_q_heads}")
+    elif kernel is not None and kernel != plan.kernel:
+        raise ValueError(f"plan was made for the {plan.kernel} kernel, not kernel={kernel!r}")
     return plan.update(cu_seqlens_q, seqlens_k, block_tables, k_cache)
