@@ -1,6 +1,7 @@
-"""Tensor and pipeline parallelism on CPU (gloo): TP=2, PP=2 and TP=2 x PP=2 worker
-processes give the single process's greedy tokens; a killed or hung worker fails the
-engine fast and leaves no process behind; bad sizes raise naming the argument."""
+"""Tensor and pipeline parallelism on CPU (gloo): TP=2, PP=2, TP=2 x PP=2 and TP=4 over
+2 KV heads (replicated) worker processes give the single process's greedy tokens; a
+killed or hung worker fails the engine fast and leaves no process behind; bad sizes
+raise naming the argument."""
 from __future__ import annotations
 
 import multiprocessing
@@ -62,7 +63,7 @@ def _gone(pids: list[int]) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2), pytest.param(4, 1, id="4-1-kv-replicated")])
 def test_parallel_greedy_matches_one_process(checkpoint, prompts, reference, tp: int, pp: int) -> None:
     with LLM(checkpoint, tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE) as llm:
         engine = llm.engine
@@ -191,6 +192,7 @@ def test_abort_in_flight_and_reuse_the_id(checkpoint, prompts, reference) -> Non
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(tensor_parallel_size=3), r"tensor_parallel_size \(3\) must divide num_attention_heads \(4\)"),
+    (dict(tensor_parallel_size=8), r"tensor_parallel_size \(8\) must divide num_attention_heads \(4\)"),
     (dict(pipeline_parallel_size=3), r"pipeline_parallel_size \(3\) must divide num_hidden_layers \(2\)"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size must be a positive int"),
     (dict(pipeline_parallel_size=-1), "pipeline_parallel_size must be a positive int"),

@@ -2,6 +2,8 @@
 pipeline stage) loads, the rank topology, stage splits, and the bubble arithmetic."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -75,3 +77,27 @@ def test_pipeline_wait_counts_only_waits_for_a_busy_stage() -> None:
               StageMetrics(7, 2, 4.5, 1.0, 0.5)]
     assert pipeline_wait(stages) == pytest.approx(1.0)
     assert pipeline_wait(stages[:1]) == 0.0
+
+
+def test_kv_heads_replicate_when_ranks_outnumber_them(checkpoint) -> None:
+    """TP=4 over 2 KV heads: ranks 0-1 hold KV head 0, ranks 2-3 KV head 1, each next to
+    the query head that reads it (query head h uses KV head h // 2)."""
+    path, full = checkpoint
+    config, _ = resolve_config(path)
+    topo = Topology(4, 1)
+    topo.check(config)
+    p = "model.layers.0."
+    for rank in range(4):
+        attn = load_model(path, layout=topo.layout(rank, config)).layers["0"].self_attn
+        assert (attn.num_heads, attn.num_kv_heads) == (1, 1)
+        kv = slice(8 * (rank // 2), 8 * (rank // 2 + 1))
+        qkv = attn.qkv_proj.weight
+        assert torch.equal(qkv[:8], full[p + "self_attn.q_proj.weight"][8 * rank:8 * (rank + 1)])
+        assert torch.equal(qkv[8:16], full[p + "self_attn.k_proj.weight"][kv])
+        assert torch.equal(qkv[16:], full[p + "self_attn.v_proj.weight"][kv])
+    with pytest.raises(ValueError, match=r"tensor_parallel_size \(3\) must divide num_key_value_heads \(2\) "
+                                         r"or be a multiple of it"):
+        Topology(3, 1).check(replace(config, num_attention_heads=6, head_dim=8))
+    with pytest.raises(ValueError, match=r"num_key_value_heads \(2\) must divide or be a multiple of tp_size \(3\)"):
+        ParallelLayout(tp_rank=0, tp_size=3).bind(replace(config, num_attention_heads=6, head_dim=8,
+                                                          intermediate_size=48))

@@ -30,7 +30,8 @@ class LLM:
     the model in that many worker processes. Use it as a context manager, or call
     shutdown(), to stop them. `tokenizer` (a Tokenizer, a GGUF file or a directory with
     tokenizer.json) overrides the model's own; with one, prompts can be text and outputs
-    carry text."""
+    carry text. Under torchrun the job's processes are the workers: the call returns on
+    world rank 0 and, on every other rank, serves until rank 0 shuts down, then exits."""
 
     def __init__(self, model: str | Path, *, tokenizer: str | Path | Tokenizer | None = None,
                  **options: Any) -> None:

@@ -31,6 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-size", type=int, default=None)
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized from free memory")
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", type=int, default=1)
+    p.add_argument("--worker-timeout", type=float, default=300.0, help="seconds a worker may keep a step")
     p.set_defaults(run=run)
 
 
@@ -42,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
         # KV blocks sized from free memory are capped at what these prompts can use.
         llm = LLM(args.model, device=args.device, dtype=args.dtype, policy=args.policy,
                   token_budget=args.token_budget, chunk_size=args.chunk_size, num_kv_blocks=args.num_kv_blocks,
-                  max_model_len=args.max_model_len, max_num_seqs=min(len(prompts), args.token_budget))
+                  max_model_len=args.max_model_len, max_num_seqs=min(len(prompts), args.token_budget),
+                  tensor_parallel_size=args.tensor_parallel_size,
+                  pipeline_parallel_size=args.pipeline_parallel_size, worker_timeout=args.worker_timeout)
         start = time.perf_counter()
         if len(prompts) == 1:  # stream the tokens as they come
             outs = []

@@ -257,6 +257,8 @@ class LLMEngine:
 def _default_executor(config: EngineConfig) -> Executor:
     if config.world_size == 1:
         return InProcessExecutor(config)
-    from .distributed import MultiprocessExecutor  # torch.distributed only when asked for
+    from .distributed import MultiprocessExecutor, torchrun  # torch.distributed only when asked for
 
+    if torchrun.launched_by_torchrun():  # rank 0 drives; the other ranks serve here, then exit
+        return torchrun.start(config)
     return MultiprocessExecutor(config)

@@ -16,7 +16,9 @@ class ParallelLayout:
     """Tensor parallelism splits attention heads and the MLP's intermediate dimension
     over `tp_size` ranks (column-parallel qkv/gate_up, row-parallel o/down followed by an
     all-reduce), and the vocabulary of the embedding and lm_head (Megatron's
-    vocab-parallel layers). Pipeline parallelism gives this stage the decoder layers
+    vocab-parallel layers). When tp_size exceeds the KV heads (and is a multiple of
+    them), each KV head is replicated on tp_size / num_key_value_heads neighbouring ranks:
+    every rank keeps the one KV head its query heads read. Pipeline parallelism gives this stage the decoder layers
     [layer_start, layer_end). `tp_group` is the torch.distributed group of this stage's
     tensor-parallel ranks (None: the default group); `tp_root` is the global rank of
     its tensor rank 0, which receives the gathered logits."""
@@ -43,9 +45,12 @@ class ParallelLayout:
         end = config.num_hidden_layers if self.layer_end is None else self.layer_end
         if end > config.num_hidden_layers:
             raise ValueError(f"layer_end ({end}) exceeds num_hidden_layers ({config.num_hidden_layers})")
-        for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        for name in ("num_attention_heads", "intermediate_size"):
             if getattr(config, name) % self.tp_size:
                 raise ValueError(f"{name} ({getattr(config, name)}) must be divisible by tp_size ({self.tp_size})")
+        kv = config.num_key_value_heads
+        if kv % self.tp_size and self.tp_size % kv:
+            raise ValueError(f"num_key_value_heads ({kv}) must divide or be a multiple of tp_size ({self.tp_size})")
         if config.vocab_size < self.tp_size:
             raise ValueError(f"vocab_size ({config.vocab_size}) must be at least tp_size ({self.tp_size})")
         return BoundLayout(self, config, end)
@@ -70,7 +75,11 @@ class BoundLayout:
         self.is_last = layer_end == config.num_hidden_layers
         tp = layout.tp_size
         self.num_heads = config.num_attention_heads // tp
-        self.num_kv_heads = config.num_key_value_heads // tp
+        # kv_replicas ranks share each KV head; query heads stay split evenly, and the
+        # query heads of one rank then all belong to the rank's one KV head.
+        self.kv_replicas = max(1, tp // config.num_key_value_heads)
+        self.num_kv_heads = max(1, config.num_key_value_heads // tp)
+        self.kv_head_start = (layout.tp_rank // self.kv_replicas) * self.num_kv_heads
         self.intermediate = config.intermediate_size // tp
         self.head_dim = config.head_dim
         self.tp_rank, self.tp_size = layout.tp_rank, tp
@@ -86,8 +95,10 @@ class BoundLayout:
 
     def column_slice(self, kind: str) -> slice:
         """Output rows of a column-parallel weight (or bias) this rank keeps."""
-        per_rank = {"q": self.num_heads * self.head_dim, "k": self.num_kv_heads * self.head_dim,
-                    "v": self.num_kv_heads * self.head_dim, "gate": self.intermediate, "up": self.intermediate}
+        if kind in ("k", "v"):
+            return slice(self.kv_head_start * self.head_dim,
+                         (self.kv_head_start + self.num_kv_heads) * self.head_dim)
+        per_rank = {"q": self.num_heads * self.head_dim, "gate": self.intermediate, "up": self.intermediate}
         return self._rows(per_rank[kind])
 
     def row_slice(self, kind: str) -> slice:

@@ -38,10 +38,14 @@ class Topology:
 
     def check(self, config: ModelConfig) -> None:
         """Raise ValueError naming the size that does not split `config`."""
-        for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        for name in ("num_attention_heads", "intermediate_size"):
             value = getattr(config, name)
             if value % self.tp:
                 raise ValueError(f"tensor_parallel_size ({self.tp}) must divide {name} ({value})")
+        kv = config.num_key_value_heads
+        if kv % self.tp and self.tp % kv:  # more ranks than KV heads: each head is replicated
+            raise ValueError(f"tensor_parallel_size ({self.tp}) must divide num_key_value_heads ({kv}) "
+                             f"or be a multiple of it")
         if config.vocab_size < self.tp:
             raise ValueError(f"tensor_parallel_size ({self.tp}) exceeds vocab_size ({config.vocab_size})")
         if config.num_hidden_layers % self.pp:

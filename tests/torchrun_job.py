@@ -1,0 +1,28 @@
+"""Run by tests/test_torchrun.py on every rank of a two-node torchrun job (not a test):
+    torchrun_job.py generate TP PP   greedy tokens of PROMPTS on rank 0, as JSON
+    torchrun_job.py forever TP PP    print each rank's host and pid, then keep generating"""
+from __future__ import annotations
+
+import json
+import sys
+
+from sarathi_rt import LLM, SamplingParams
+
+PROMPTS = [[5, 6, 7], list(range(10, 50)), [3] * 17, [200, 100, 9, 8]]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+ENGINE = dict(block_size=8, num_kv_blocks=64, token_budget=24, chunk_size=16, max_num_seqs=8)
+
+
+def main(mode: str, tp: int, pp: int) -> None:
+    with LLM("tiny", tensor_parallel_size=tp, pipeline_parallel_size=pp, worker_timeout=15, **ENGINE) as llm:
+        if mode == "generate":
+            outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+            print("TOKENS " + json.dumps([list(o.token_ids) for o in outs]), flush=True)
+            return
+        print("HOSTS " + json.dumps(llm.engine.executor.hosts), flush=True)
+        while True:
+            llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
