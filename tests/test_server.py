@@ -162,8 +162,17 @@ def test_malformed_bodies_and_unknown_models(served, client: openai.OpenAI) -> N
 
 
 @pytest.mark.slow
-def test_overload_answers_503(served) -> None:
+def test_overload_answers_503(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With max_waiting=2 and the engine held back, the first two requests queue and the
+    other ten are refused at once; released, the two are served."""
     server, base, _ = served
+    engine = server.llm.engine
+    gate = threading.Event()
+    step = engine.step
+
+    def held_step():  # runs in the async engine's worker thread
+        gate.wait(timeout=60)
+        return step()
 
     async def one(aclient: openai.AsyncOpenAI) -> int:
         try:
@@ -175,14 +184,21 @@ def test_overload_answers_503(served) -> None:
 
     async def run() -> list[int]:
         aclient = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=60)
-        return await asyncio.gather(*(one(aclient) for _ in range(12)))
+        tasks = [asyncio.create_task(one(aclient)) for _ in range(12)]
+        deadline = time.monotonic() + 30
+        while sum(t.done() for t in tasks) < 10 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        gate.set()
+        return await asyncio.gather(*tasks)
 
+    monkeypatch.setattr(engine, "step", held_step)
     server.max_waiting = 2
     try:
         codes = asyncio.run(run())
     finally:
         server.max_waiting = 64
-    assert set(codes) == {200, 503} and codes.count(200) >= 2
+        gate.set()
+    assert sorted(codes) == [200] * 2 + [503] * 10
     assert _wait_idle(base)["sarathi_rt_kv_blocks_in_use"] == 0
 
 

@@ -40,6 +40,7 @@ class OpenAIServer:
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
         self.llm, self.model_name, self.max_waiting = llm, model_name, max_waiting
+        self._admitting = 0  # requests between the overload check and the engine's queue
         self.engine = AsyncLLMEngine(llm.engine)
         self.stats = ServerStats()
         self.created = int(time.time())
@@ -106,15 +107,20 @@ class OpenAIServer:
         if body.model is not None and body.model != self.model_name:
             raise ApiError(404, f"model {body.model!r} does not exist; this server serves {self.model_name!r}",
                            kind="model_not_found", param="model")
-        if self.llm.engine.scheduler.num_waiting >= self.max_waiting:
+        # Requests still on their way into the engine (waiting for the step in progress to
+        # release it) count as waiting too, or a burst would all pass this check at once.
+        if self.llm.engine.scheduler.num_waiting + self._admitting >= self.max_waiting:
             raise ApiError(503, f"the server is overloaded ({self.max_waiting} requests waiting); retry later",
                            kind="server_overloaded")
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self._admitting += 1
         try:
             params = body.sampling_params(max(1, self.llm.engine.max_model_len - len(prompt)))
             queue = await self.engine.add_request(request_id, prompt, params)
         except (ValueError, TypeError) as exc:
             raise ApiError(400, str(exc)) from None
+        finally:
+            self._admitting -= 1
         outputs = self._outputs(request_id, queue)
         if body.stream:
             return StreamingResponse(self._events(request_id, outputs, chat, body.include_usage),
