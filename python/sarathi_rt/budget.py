@@ -91,42 +91,51 @@ def profile_cost_model(cost_model: CostModel, token_counts: Sequence[int], *, nu
     return StepTimeProfile(tuple(counts), tuple(seconds), num_decodes, context_len, label)
 
 
+def time_synthetic_step(engine: LLMEngine, rows: Sequence[tuple[int, int, bool]], *, repeats: int,
+                        warmup: int) -> list[float]:
+    """Wall times of one step through `engine`'s executor (model forward and sampling),
+    `repeats` times after `warmup`: one request per row (start_pos, num_tokens, samples),
+    each in blocks of its own, with throwaway ids. The engine must be idle: the step
+    writes throwaway KV into its cache blocks."""
+    from sarathi_rt.engine.step_io import RowSampling, SequenceChunk, StepInput
+
+    if engine.has_unfinished():
+        raise ValueError("engine has unfinished requests; profiling needs an idle engine")
+    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
+    bs, num_blocks = engine.config.block_size, engine.executor.num_kv_blocks
+    vocab = engine.model_config.vocab_size
+    greedy = RowSampling(temperature=0.0, top_k=None, top_p=1.0, seed=0, num_generated=0)
+    chunks, next_block = [], 0
+    for i, (start, n, sample) in enumerate(rows):
+        need = -(-(start + n) // bs)
+        if next_block + need > num_blocks:
+            raise ValueError(f"a step of {len(rows)} requests over {sum(r[0] + r[1] for r in rows)} tokens "
+                             f"needs more than the engine's {num_blocks} KV blocks")
+        ids = [(7919 * (i + 1) + 31 * k) % vocab for k in range(n)]
+        chunks.append(SequenceChunk(i, ids, start, list(range(next_block, next_block + need)),
+                                    greedy if sample else None))
+        next_block += need
+    step = StepInput(0, chunks)
+    times = []
+    for r in range(warmup + repeats):
+        t0 = time.perf_counter()
+        engine.executor.execute(step)
+        if r >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
 def profile_step_time(engine: LLMEngine, token_counts: Sequence[int], *, num_decodes: int = 32,
                       context_len: int = 1024, repeats: int = 5, warmup: int = 2) -> StepTimeProfile:
     """Median wall time of real steps through `engine`'s executor (model forward and
     sampling) for each token count. The engine must be idle: the batches write
     throwaway KV into its cache blocks."""
-    from sarathi_rt.engine.step_io import RowSampling, SequenceChunk, StepInput
-
     counts = _check_counts(token_counts, num_decodes, context_len)
-    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
-    if engine.has_unfinished():
-        raise ValueError("engine has unfinished requests; profile_step_time needs an idle engine")
-    bs = engine.config.block_size
-    num_blocks = engine.executor.num_kv_blocks
-    vocab = engine.model_config.vocab_size
-    greedy = RowSampling(temperature=0.0, top_k=None, top_p=1.0, seed=0, num_generated=0)
     seconds = []
     for n in counts:
-        chunks, next_block = [], 0
-        for i, (start, q, prefill) in enumerate(hybrid_batch(n, num_decodes, context_len)):
-            need = -(-(start + q) // bs)
-            if next_block + need > num_blocks:
-                raise ValueError(f"a {n}-token batch with {num_decodes} decodes at context_len={context_len} "
-                                 f"needs more than the engine's {num_blocks} KV blocks")
-            table = list(range(next_block, next_block + need))
-            next_block += need
-            ids = [(7919 * (i + 1) + 31 * k) % vocab for k in range(q)]
-            chunks.append(SequenceChunk(i, ids, start, table, None if prefill else greedy))
-        step = StepInput(0, chunks)
-        times = []
-        for r in range(warmup + repeats):
-            t0 = time.perf_counter()
-            engine.executor.execute(step)
-            if r >= warmup:
-                times.append(time.perf_counter() - t0)
-        seconds.append(statistics.median(times))
+        rows = [(start, q, not prefill) for start, q, prefill in hybrid_batch(n, num_decodes, context_len)]
+        seconds.append(statistics.median(time_synthetic_step(engine, rows, repeats=repeats, warmup=warmup)))
     return StepTimeProfile(tuple(counts), tuple(seconds), num_decodes, context_len,
                            label=f"{engine.config.model} on {engine.config.device}")
 

@@ -47,35 +47,12 @@ def measure(engine: LLMEngine, batches: Sequence[tuple[int, int, int, int]], *, 
     """Wall time of each batch through the engine's executor (model forward and
     sampling), `repeats` times after `warmup`. The engine must be idle: the batches
     write throwaway KV into its cache blocks."""
-    from sarathi_rt.engine.step_io import RowSampling, SequenceChunk, StepInput
+    from sarathi_rt.budget import time_synthetic_step
 
-    if engine.has_unfinished():
-        raise ValueError("engine has unfinished requests; profiling needs an idle engine")
-    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
-    bs, num_blocks = engine.config.block_size, engine.executor.num_kv_blocks
-    vocab = engine.model_config.vocab_size
-    greedy = RowSampling(temperature=0.0, top_k=None, top_p=1.0, seed=0, num_generated=0)
     out = []
     for q, pctx, d, dctx in batches:
         rows = [(dctx, 1, True)] * d + ([(pctx, q, False)] if q else [])
-        chunks, next_block = [], 0
-        for i, (start, n, sample) in enumerate(rows):
-            need = -(-(start + n) // bs)
-            if next_block + need > num_blocks:
-                raise ValueError(f"a batch of {d} decodes at context {dctx} and a {q}-token chunk at {pctx} "
-                                 f"needs more than the engine's {num_blocks} KV blocks")
-            ids = [(7919 * (i + 1) + 31 * k) % vocab for k in range(n)]
-            chunks.append(SequenceChunk(i, ids, start, list(range(next_block, next_block + need)),
-                                        greedy if sample else None))
-            next_block += need
-        step = StepInput(0, chunks)
-        times = []
-        for r in range(warmup + repeats):
-            t0 = time.perf_counter()
-            engine.executor.execute(step)
-            if r >= warmup:
-                times.append(time.perf_counter() - t0)
+        times = time_synthetic_step(engine, rows, repeats=repeats, warmup=warmup)
         out.append(MeasuredStep(q, pctx, d, dctx, False, tuple(times)))
     return out
 
