@@ -78,4 +78,5 @@ def test_greedy_equals_transformers(reference, load_once, policy: str, chunk_siz
         assert llm.engine.scheduler.num_free_blocks == llm.engine.scheduler_config.num_blocks
     got = [o.token_ids for o in outs]
     wrong = [i for i, (g, e) in enumerate(zip(got, expected)) if g != e]
-    assert not wrong, f"{policy}/chunk {chunk_size}: prompts {wrong} differ, e.g. {got[wrong[0]]} vs {expected[wrong[0]]}"
+    assert not wrong, (f"{policy}/chunk {chunk_size}: prompts {wrong} differ, "
+                       f"e.g. {got[wrong[0]]} vs {expected[wrong[0]]}")
