@@ -72,7 +72,7 @@ def test_answers_the_capital_of_france(reference) -> None:
 @pytest.mark.parametrize("policy", available_policies())
 def test_greedy_equals_transformers(reference, load_once, policy: str, chunk_size: int) -> None:
     prompts, expected = reference
-    with LLM(MODEL, policy=policy, chunk_size=chunk_size, token_budget=64, max_num_seqs=16,
+    with LLM(MODEL, policy=policy, chunk_size=chunk_size, token_budget=128, max_num_seqs=16,
              num_kv_blocks=160, block_size=16) as llm:
         outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
         assert llm.engine.scheduler.num_free_blocks == llm.engine.scheduler_config.num_blocks
