@@ -115,12 +115,13 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_model_gguf(path: Path, config: Any, state: dict[str, np.ndarray], qtype: Q,
-                     types: dict[str, Q] | None = None) -> dict[str, np.ndarray]:
+                     types: dict[str, Q] | None = None, arch: str = "llama") -> dict[str, np.ndarray]:
     """Write a transformers Llama `config` + float32 `state` as llama.cpp would, 2-D
     weights in `qtype` (norms stay F32; `types` overrides by HF name, and a type numpy
     cannot quantize gets zero bytes); returns the HF-layout weights the file really
-    holds (what dequantizing it gives) for building the same model in transformers."""
-    w = gguf.GGUFWriter(str(path), "llama")
+    holds (what dequantizing it gives) for building the same model in transformers.
+    llama.cpp permutes q/k rows for 'llama' only."""
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(config.max_position_embeddings)
     w.add_embedding_length(config.hidden_size)
     w.add_block_count(config.num_hidden_layers)
@@ -136,7 +137,8 @@ def write_model_gguf(path: Path, config: Any, state: dict[str, np.ndarray], qtyp
     stored: dict[str, np.ndarray] = {}
     for name, value in state.items():
         value = np.ascontiguousarray(value, dtype=np.float32)
-        heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+        heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads} \
+            if arch == "llama" else {}
         head = next((h for key, h in heads.items() if f".{key}." in name), None)
         data = permute_rows(value, head) if head else value
         kind = (types or {}).get(name, qtype if value.ndim == 2 else Q.F32)

@@ -70,6 +70,22 @@ def test_each_type_loads_the_weights_the_file_holds(tmp_path, qtype: Q) -> None:
     assert got == want
 
 
+def test_qwen2_with_biases_and_no_permutation(tmp_path) -> None:
+    config = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=270,
+                                      max_position_embeddings=128, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).float()
+    state = {k: v.numpy() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    stored = write_model_gguf(tmp_path / "q.gguf", config, state, Q.Q8_0, arch="qwen2")
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in stored.items()}, strict=False)
+    model.save_pretrained(tmp_path / "hf")
+    ours, ref = load_model(str(tmp_path / "q.gguf")), load_model(str(tmp_path / "hf"))
+    assert ours.config.model_type == "qwen2" and ours.config.qkv_bias and not ours.config.o_bias
+    for (name, a), (_, b) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert torch.equal(a, b), name
+
+
 def test_greedy_equals_transformers_on_the_same_weights(q4_1) -> None:
     path, _, hf = q4_1
     llm = LLM(str(path), num_kv_blocks=32, block_size=8, chunk_size=16, token_budget=32, max_num_seqs=8)

@@ -76,7 +76,8 @@ def test_corrupt_cached_copy_is_fetched_again(registry, capfd: pytest.CaptureFix
     path = resolve_model_path("tiny-model")
     hub._verified.clear()  # a new process would hash the file again
     path.write_bytes(path.read_bytes()[:-1] + b"\x00")
-    assert hashlib.sha256(resolve_model_path("tiny-model").read_bytes()).hexdigest() == NAMED_MODELS["tiny-model"].sha256
+    fresh = resolve_model_path("tiny-model").read_bytes()
+    assert hashlib.sha256(fresh).hexdigest() == NAMED_MODELS["tiny-model"].sha256
     assert registry["pip"] == 2 and "corrupt" in capfd.readouterr().err
 
 
