@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import sarathi_rt
 from sarathi_rt import LLM
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -32,8 +33,10 @@ def _free_port() -> int:
 
 def _launch(args: list[str]) -> list[subprocess.Popen]:
     port = str(_free_port())
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1] / "python"),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    # The workers import sarathi_rt from where this process did (an install, or python/ in
+    # a development tree), not from the checkout's sources, which may hold no built core.
+    package_root = str(Path(sarathi_rt.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
     return [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
                               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port,
                               JOB, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
