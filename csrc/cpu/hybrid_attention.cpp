@@ -357,15 +357,16 @@ Status check_plan(const HybridAttentionParams& p, const int32_t* plan, const Att
   const auto* items = reinterpret_cast<const AttentionWorkItem*>(plan + cap.items_offset());
   for (int64_t i = 0; i < num_items; ++i) {
     const AttentionWorkItem& w = items[i];
-    const std::string at = "work item " + std::to_string(i);
-    if (w.request < 0 || w.request >= p.batch) return mismatch(at + " names request " + std::to_string(w.request));
+    // The message is built only on failure: this loop runs on every layer's call.
+    const auto at = [i] { return "work item " + std::to_string(i); };
+    if (w.request < 0 || w.request >= p.batch) return mismatch(at() + " names request " + std::to_string(w.request));
     const int64_t q_len = p.cu_seqlens_q[w.request + 1] - p.cu_seqlens_q[w.request];
     const int64_t kv_len = p.seqlens_k[w.request];
     if (w.q_token0 != p.cu_seqlens_q[w.request] || w.causal_offset != kv_len - q_len ||
         !rows_ok(w.kv_head, w.num_heads, w.row_begin, w.num_rows) ||
         w.row_begin + w.num_rows > q_len * sh.group || w.kv_begin < 0 || w.kv_begin % kKeyChunk != 0 ||
         w.kv_begin >= w.kv_end || w.kv_end > kv_len || w.partial < -1 || w.partial >= num_partials) {
-      return mismatch(at + ", request " + std::to_string(w.request));
+      return mismatch(at() + ", request " + std::to_string(w.request));
     }
   }
   const auto* merges = reinterpret_cast<const AttentionMergeItem*>(plan + cap.merges_offset());
