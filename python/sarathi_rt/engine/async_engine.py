@@ -3,6 +3,7 @@ run in a worker thread so the event loop stays responsive."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Hashable
 
@@ -22,6 +23,7 @@ class AsyncLLMEngine:
         self._lock = asyncio.Lock()
         self._queues: dict[Hashable, asyncio.Queue[RequestOutput | Exception]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._aborts: set[asyncio.Task[bool]] = set()  # kept referenced until they run
 
     async def add_request(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None,
                           queue: asyncio.Queue[RequestOutput | Exception] | None = None
@@ -51,6 +53,15 @@ class AsyncLLMEngine:
         finished=True. Leaving the loop early aborts the request."""
         request_id = object() if request_id is None else request_id
         queue = await self.add_request(request_id, prompt, params)
+        async with contextlib.aclosing(self.outputs(request_id, queue)) as outputs:  # closed now, not at GC
+            async for out in outputs:
+                yield out
+
+    async def outputs(self, request_id: Hashable, queue: asyncio.Queue[RequestOutput | Exception]
+                      ) -> AsyncIterator[RequestOutput]:
+        """The outputs that add_request sends to `queue`, up to the finished one. If the
+        consumer stops early the request is aborted, in a task of its own: this may run
+        inside a cancelled scope, where awaiting the engine's lock would be cancelled again."""
         finished = False
         try:
             while not finished:
@@ -61,7 +72,9 @@ class AsyncLLMEngine:
                 yield out
         finally:
             if not finished:
-                await self.abort(request_id)
+                task = asyncio.get_running_loop().create_task(self.abort(request_id))
+                self._aborts.add(task)
+                task.add_done_callback(self._aborts.discard)
 
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():

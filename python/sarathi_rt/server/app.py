@@ -10,6 +10,7 @@ instead of queueing without bound."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -44,7 +45,6 @@ class OpenAIServer:
         self.engine = AsyncLLMEngine(llm.engine)
         self.stats = ServerStats()
         self.created = int(time.time())
-        self._aborts: set[asyncio.Task[bool]] = set()
         self.app = self._build()
 
     # ------------------------------------------------------------------ routes
@@ -140,25 +140,19 @@ class OpenAIServer:
 
     async def _outputs(self, request_id: str, queue: asyncio.Queue[RequestOutput | Exception]
                        ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs; if the consumer stops early, the request is aborted."""
+        """The request's outputs, counted by how they end; if the consumer stops early,
+        the engine aborts the request."""
         finished = False
         try:
-            while not finished:
-                out = await queue.get()
-                if isinstance(out, Exception):
-                    raise out
-                finished = out.finished
-                if finished:
-                    self.stats.finished(out.finish_reason or "abort", out.metrics)
-                yield out
+            async with contextlib.aclosing(self.engine.outputs(request_id, queue)) as outputs:  # abort now
+                async for out in outputs:
+                    finished = out.finished
+                    if finished:
+                        self.stats.finished(out.finish_reason or "abort", out.metrics)
+                    yield out
         finally:
             if not finished:
                 self.stats.requests["abort"] += 1
-                # A task of its own: this code may run inside a cancelled scope, where
-                # awaiting the engine's lock would be cancelled again.
-                task = asyncio.get_running_loop().create_task(self.engine.abort(request_id))
-                self._aborts.add(task)
-                task.add_done_callback(self._aborts.discard)
 
     async def _events(self, request_id: str, outputs: AsyncIterator[RequestOutput], chat: bool,
                       include_usage: bool) -> AsyncIterator[str]:
