@@ -93,10 +93,37 @@ SRT_SIMD_INLINE float reduce_add(const vf& v) {
   const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
+// reduce_add of sixteen vectors at once: lane j of the result is reduce_add(v[j]), bit for
+// bit (each level adds the same pairs, two vectors' worth per vector add), in 15 vector
+// adds instead of 16 separate trees with their scalar tails.
+SRT_SIMD_INLINE vf reduce_add16(const vf (&v)[kLanes]) {
+  vf a[8], b[4], c[2];
+  for (int k = 0; k < 8; ++k) {  // a[k]: lanes i and i + 8 of v[2k] (lanes 0-7), v[2k+1] (8-15)
+    a[k] = __builtin_shufflevector(v[2 * k], v[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(v[2 * k], v[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+  for (int k = 0; k < 4; ++k) {  // b[k]: a's lanes i and i + 4, four sources of four lanes
+    b[k] = __builtin_shufflevector(a[2 * k], a[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(a[2 * k], a[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
+  for (int k = 0; k < 2; ++k) {  // c[k]: (b0 + b2, b1 + b3) of eight sources
+    c[k] = __builtin_shufflevector(b[2 * k], b[2 * k + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(b[2 * k], b[2 * k + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  }
+  return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+// Any order gives the same maximum; the halving tree keeps it in vector registers.
 SRT_SIMD_INLINE float reduce_max(const vf& v) {
-  float m = v[0];
-  for (int64_t i = 1; i < kLanes; ++i) m = m > v[i] ? m : v[i];
-  return m;
+  using v8 = float __attribute__((vector_size(8 * sizeof(float))));
+  using v4 = float __attribute__((vector_size(4 * sizeof(float))));
+  const v8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const v8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v8 a = lo > hi ? lo : hi;
+  const v4 a0 = __builtin_shufflevector(a, a, 0, 1, 2, 3), a1 = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  const v4 b = a0 > a1 ? a0 : a1;
+  const float m0 = b[0] > b[2] ? b[0] : b[2], m1 = b[1] > b[3] ? b[1] : b[3];
+  return m0 > m1 ? m0 : m1;
 }
 
 // For std::vector: cache-line-aligned storage, so that no vector load or store of a

@@ -80,6 +80,27 @@ struct Chunk {
   int64_t row_bytes;  // of a token's value row, all the item's heads
 };
 
+// Element offsets of one KV head at consecutive positions of a sequence, from `pos` on:
+// one block-table read per page instead of a division per key.
+class PageWalk {
+ public:
+  PageWalk(const PagedKVLayout& layout, const int32_t* table, int64_t pos, int64_t head)
+      : layout_(layout), table_(table), head_(head), block_(pos / layout.block_size), in_block_(pos % layout.block_size) {}
+  int64_t next() {
+    const int64_t off = layout_.slot_offset(table_[block_] * layout_.block_size + in_block_, head_);
+    if (++in_block_ == layout_.block_size) {
+      in_block_ = 0;
+      ++block_;
+    }
+    return off;
+  }
+
+ private:
+  const PagedKVLayout& layout_;
+  const int32_t* table_;
+  int64_t head_, block_, in_block_;
+};
+
 // A block of rows of an item's scratch, starting at row r.
 struct RowBlock {
   const float* q;
@@ -116,18 +137,31 @@ SRT_SIMD_INLINE void softmax_step(float* s, int64_t visible, float& m, float& l,
   l += cpu::reduce_add(p0 + p1);
 }
 
-// s[i][j] = q[i] . key for the block's rows: per lane a running sum over head_dim, then
-// reduce_add's tree, so a score's bits depend neither on the rows beside it nor on where
-// its key was read.
+// s[i][j] = q[i] . key j for the block's rows and the chunk's keys of the head whose key
+// rows start `head` elements into the chunk's: per lane a running sum over head_dim, then
+// reduce_add's tree (sixteen keys at once), so a score's bits depend neither on the rows
+// or keys beside it nor on where its key was read. Lanes past the chunk's keys score 0
+// (softmax_step masks them).
 template <int R, typename KT>
-SRT_SIMD_INLINE void score_key(const KT* key, int64_t len, int64_t j, const RowBlock& b) {
+SRT_SIMD_INLINE void score_keys(const Chunk<KT>& c, int64_t head, const RowBlock& b) {
   const int64_t Dp = b.dim_padded;
-  vf dot[R] = {};
-  for (int64_t d = 0; d < Dp; d += kLanes) {
-    const vf k = cpu::load_row(key, d, len);
-    for (int i = 0; i < R; ++i) dot[i] += cpu::load(b.q + i * Dp + d) * k;
+  for (int64_t g = 0; g < c.n; g += kLanes) {
+    vf dot[R][kLanes];
+    const int64_t m = std::min(kLanes, c.n - g);
+    for (int64_t j = 0; j < m; ++j) {
+      const KT* key = c.k[g + j] + head;
+      vf sum[R] = {};
+      for (int64_t d = 0; d < Dp; d += kLanes) {
+        const vf k = cpu::load_row(key, d, c.len);
+        for (int i = 0; i < R; ++i) sum[i] += cpu::load(b.q + i * Dp + d) * k;
+      }
+      for (int i = 0; i < R; ++i) dot[i][j] = sum[i];
+    }
+    for (int64_t j = m; j < kLanes; ++j) {
+      for (int i = 0; i < R; ++i) dot[i][j] = vf{};
+    }
+    for (int i = 0; i < R; ++i) cpu::store(b.s + i * kKeyChunk + g, cpu::reduce_add16(dot[i]));
   }
-  for (int i = 0; i < R; ++i) b.s[i * kKeyChunk + j] = cpu::reduce_add(dot[i]);
 }
 
 // acc[i] += sum_j p[i][j] v[j] over the chunk's keys in order, for the head whose value
@@ -147,24 +181,19 @@ SRT_SIMD_INLINE void accumulate_pv(const Chunk<KT>& c, int64_t head, const RowBl
 }
 
 // One chunk for all rows of the item (per_head rows for each of its heads), in blocks of
-// up to kRowBlock rows that share each loaded key/value vector. Scores go key by key,
-// every head of a token before the next token, so the keys are read in address order
-// (which hardware prefetchers follow), and each token's value row is requested as soon
-// as its key is scored, long before P V reads it head by head.
+// up to kRowBlock rows that share each loaded key/value vector. Every token's value row
+// is requested first, long before P V reads it head by head.
 template <typename KT>
 SRT_SIMD_INLINE void attend_chunk(const Chunk<KT>& c, int64_t per_head, int64_t Dp, Scratch& t) {
-  for (int64_t j = 0; j < c.n; ++j) {
-    cpu::prefetch(c.v[j], c.row_bytes);
-    for (int64_t h = 0; h < c.heads; ++h) {
-      const KT* key = c.k[j] + h * c.head_stride;
-      for (int64_t r = h * per_head, end = r + per_head; r < end; r += kRowBlock) {
-        const RowBlock b(t, r, Dp);
-        switch (std::min(kRowBlock, end - r)) {
-          case 4: score_key<4>(key, c.len, j, b); break;
-          case 3: score_key<3>(key, c.len, j, b); break;
-          case 2: score_key<2>(key, c.len, j, b); break;
-          default: score_key<1>(key, c.len, j, b); break;
-        }
+  for (int64_t j = 0; j < c.n; ++j) cpu::prefetch(c.v[j], c.row_bytes);
+  for (int64_t h = 0; h < c.heads; ++h) {
+    for (int64_t r = h * per_head, end = r + per_head; r < end; r += kRowBlock) {
+      const RowBlock b(t, r, Dp);
+      switch (std::min(kRowBlock, end - r)) {
+        case 4: score_keys<4>(c, h * c.head_stride, b); break;
+        case 3: score_keys<3>(c, h * c.head_stride, b); break;
+        case 2: score_keys<2>(c, h * c.head_stride, b); break;
+        default: score_keys<1>(c, h * c.head_stride, b); break;
       }
     }
   }
@@ -209,10 +238,11 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
   const int64_t row_bytes = w.num_heads * sh.dim * static_cast<int64_t>(sizeof(T));
   for (int64_t j0 = w.kv_begin; j0 < k_stop; j0 += kKeyChunk) {
     const int64_t n = std::min(kKeyChunk, k_stop - j0);
+    PageWalk walk(p.layout, table, j0, w.kv_head);
     if (per_head <= kCpuDirectRows) {
       Chunk<T> c{{}, {}, j0, n, sh.dim, w.num_heads, sh.dim, row_bytes};
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t off = p.layout.position_offset(table, j0 + j, w.kv_head);
+        const int64_t off = walk.next();
         c.k[j] = k_cache + off;
         c.v[j] = v_cache + off;
       }
@@ -220,7 +250,7 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
     } else {  // many rows share each key: convert the chunk to float32 once (one head)
       Chunk<float> c{{}, {}, j0, n, Dp, 1, Dp, Dp * static_cast<int64_t>(sizeof(float))};
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t off = p.layout.position_offset(table, j0 + j, w.kv_head);
+        const int64_t off = walk.next();
         float* k = t.k.data() + j * Dp;
         float* v = t.v.data() + j * Dp;
         for (int64_t d = 0; d < Dp; d += kLanes) {
