@@ -16,6 +16,7 @@ from torch import nn
 
 from sarathi_rt import ops
 from sarathi_rt.ops.attention import run_attention
+from sarathi_rt.ops.linear import apply_linear
 from sarathi_rt.kv_cache import KVCache
 from sarathi_rt.profiling import nvtx_range
 
@@ -59,8 +60,8 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._reduce is None:
-            return ops.linear(x, self.weight, self.bias)
-        out = self._reduce.reduce(ops.linear(x, self.weight))
+            return apply_linear(x, self.weight, self.bias)
+        out = self._reduce.reduce(apply_linear(x, self.weight))
         return out if self.bias is None else out + self.bias
 
 
@@ -204,4 +205,4 @@ class LlamaForCausalLM(nn.Module):
             normed = self.norm(rows)
         else:
             normed, _ = self.norm(rows, residual.index_select(0, ctx.logits_indices))
-        return self.shard.gather_logits(ops.linear(normed, self.lm_head).float())
+        return self.shard.gather_logits(apply_linear(normed, self.lm_head).float())

@@ -68,6 +68,13 @@ def _cutlass_can_run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], accumulating in float32."""
     _check_linear_args(x, weight, bias)
+    return apply_linear(x, weight, bias)
+
+
+def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`linear` without its argument checks, for the model's layers: their weights'
+    shapes, dtype and device are fixed when the model is built, and the activations are
+    the previous layer's output."""
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     if x.device.type == "cpu":
