@@ -24,6 +24,15 @@ def test_root_metadata_stays_torch_free() -> None:
     assert _modules_after(code) == {"torch": False, "matplotlib": False}
 
 
+def test_command_line_parses_without_torch() -> None:
+    # Every subcommand registers its parser; only running a model loads torch, so
+    # `sarathi-rt plan` or `capacity --simulate` start in a fraction of a second.
+    code = ("import argparse, importlib\nfrom sarathi_rt.cli import COMMANDS\n"
+            "sub = argparse.ArgumentParser().add_subparsers()\n"
+            "for name in COMMANDS:\n    importlib.import_module(f'sarathi_rt.commands.{name}').add_parser(sub)")
+    assert _modules_after(code) == {"torch": False, "matplotlib": False}
+
+
 @pytest.mark.slow  # imports torch and the engine in a fresh interpreter
 def test_llm_and_ops_load_on_first_touch() -> None:
     code = "from sarathi_rt import LLM, SamplingParams, ops\nassert ops.linear and LLM and SamplingParams"

@@ -5,12 +5,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
-import sarathi_rt
-from sarathi_rt import ops
-from sarathi_rt.ops import reference
-
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="run one hybrid attention step on random data")
@@ -23,6 +17,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch  # only for the commands that run kernels: `sarathi-rt plan` starts without it
+
+    import sarathi_rt
+    from sarathi_rt import ops
+    from sarathi_rt.ops import reference
+
     torch.manual_seed(0)
     heads, kv_heads, dim, bs = 8, 2, 64, args.block_size
     lens = [(1, args.context + 1)] * args.decodes + [(args.chunk, args.context + args.chunk)]

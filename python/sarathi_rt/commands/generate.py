@@ -6,7 +6,6 @@ import argparse
 import sys
 import time
 
-from sarathi_rt.llm import LLM
 from sarathi_rt.sampling import SamplingParams
 
 
@@ -38,6 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sarathi_rt.llm import LLM  # torch: only for the commands that run a model
+
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
