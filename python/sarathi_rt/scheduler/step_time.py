@@ -78,12 +78,14 @@ def predict(model: StepTimeModel, num_prefill_tokens: int, decode_contexts: Sequ
 
 def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int, decode_kv: int,
                             prefill_context: int, max_tokens: int, quantum: int) -> int:
-    """The most prefill tokens n (with num_decodes + n a multiple of `quantum`, and at
-    most max_tokens - num_decodes) whose predicted step stays within `limit` seconds;
-    0 when none does. Binary search: step time grows with n; a model that is not
-    monotone still gets a step within the limit, if not the largest."""
+    """Prefill tokens n (with num_decodes + n a multiple of `quantum`, and at most
+    max_tokens - num_decodes) for a step within `limit` seconds: of the sizes that fit,
+    the one with the most tokens per second (the smallest on a tie); 0 when none fits.
+    Binary search for the largest that fits (step time grows with n; a model that is
+    not monotone still gets a step within the limit), then a scan below it."""
     lo = num_decodes // quantum + 1  # the fewest quanta that hold every decode and >= 1 prefill token
     hi = max_tokens // quantum
+    first = lo
     best = 0
     while lo <= hi:
         k = (lo + hi) // 2
@@ -92,4 +94,15 @@ def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int
             best, lo = n, k + 1
         else:
             hi = k - 1
-    return best
+    if best == 0:
+        return 0
+    # Within the SLO, the step with the most tokens per second: past that size a step is
+    # slower per token (attention grows with the chunk, tile waves fill unevenly), and
+    # the prefill left over rides in the next steps' memory-bound slack for less.
+    rate = 0.0
+    for k in range(first, (best + num_decodes) // quantum + 1):
+        n = k * quantum - num_decodes
+        r = (n + num_decodes) / model.predict_shape(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv))
+        if r > rate:
+            rate, chosen = r, n
+    return chosen

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..base import Scheduler, StepBuilder
 from ..request import Request, RequestStatus
+from ..kv_lookahead import peak_blocks
 from ..registry import register_policy
 from ..step_time import adaptive_prefill_tokens
 
@@ -22,7 +23,8 @@ class SarathiScheduler(Scheduler):
 
     With config.tbt_slo (adaptive budget) the step's budget is sized after the decodes
     are in: the decodes plus the most tile-aligned prefill tokens whose predicted step
-    time meets the SLO less the margin, capped by token_budget."""
+    time meets the SLO less the margin, capped by token_budget; and a newcomer is
+    admitted only if the cache holds it and every running request for its lifetime."""
 
     name = "sarathi"
     adaptive = True
@@ -54,6 +56,8 @@ class SarathiScheduler(Scheduler):
         while b.admission_open and self._waiting and b.budget_left > 0 and \
                 len(self._running) < cfg.max_num_seqs:
             req = self._waiting_head()
+            if cfg.tbt_slo is not None and not self._fits_while_alive(req):
+                return
             n = self._prefill_chunk(b, req, self._cap(req), self._admit_keep_free())
             if n <= 0:
                 return
@@ -81,3 +85,10 @@ class SarathiScheduler(Scheduler):
         if n == 0 and not plan.entries:
             n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
         b.budget = num_decodes + n
+
+    def _fits_while_alive(self, req: Request) -> bool:
+        # The adaptive budget admits as fast as the SLO allows, so it must also see the
+        # cache: admit only if every running request and `req` still fit while `req`
+        # lives (it is the newest, so the first to be preempted if they did not).
+        return peak_blocks([*self._running.values(), req], self.config.block_size,
+                           req.max_new_tokens - req.num_generated) <= self.config.num_blocks
