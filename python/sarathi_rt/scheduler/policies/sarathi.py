@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from ..base import Scheduler, StepBuilder
 from ..request import Request, RequestStatus
-from ..kv_lookahead import peak_blocks
 from ..registry import register_policy
 from ..step_time import adaptive_prefill_tokens
 
@@ -23,8 +22,9 @@ class SarathiScheduler(Scheduler):
 
     With config.tbt_slo (adaptive budget) the step's budget is sized after the decodes
     are in: the decodes plus the most tile-aligned prefill tokens whose predicted step
-    time meets the SLO less the margin, capped by token_budget; and a newcomer is
-    admitted only if the cache holds it and every running request for its lifetime."""
+    time meets the SLO less the margin, capped by token_budget (of those, the step with
+    the most tokens per second); prefill leaves free the blocks the decodes will need
+    before the next of them finishes."""
 
     name = "sarathi"
     adaptive = True
@@ -40,6 +40,9 @@ class SarathiScheduler(Scheduler):
         self._schedule_decodes(b, decodes)
         if self.config.tbt_slo is not None:
             self._size_budget(b, prefills)
+        cfg = self.config
+        # Blocks kept free for the decodes' next steps (adaptive only: see _decode_need).
+        keep = self._decode_need() if cfg.tbt_slo is not None else 0
         # Prompts that will still be partial after this step (in-flight ones counted
         # as partial, conservatively); a newcomer may only add to these within limits.
         num_partial = sum(1 for r in self._running.values()
@@ -47,18 +50,15 @@ class SarathiScheduler(Scheduler):
         for req in prefills:
             if req.status is not RequestStatus.RUNNING or b.budget_left <= 0:
                 continue
-            n = self._prefill_chunk(b, req, self._cap(req))
+            n = self._prefill_chunk(b, req, self._cap(req), keep)
             if n > 0:
                 if n == req.prefill_target - req.num_computed:
                     num_partial -= 1
                 self._run_prefill(b, req, n)
-        cfg = self.config
         while b.admission_open and self._waiting and b.budget_left > 0 and \
                 len(self._running) < cfg.max_num_seqs:
             req = self._waiting_head()
-            if cfg.tbt_slo is not None and not self._fits_while_alive(req):
-                return
-            n = self._prefill_chunk(b, req, self._cap(req), self._admit_keep_free())
+            n = self._prefill_chunk(b, req, self._cap(req), max(keep, self._admit_keep_free()))
             if n <= 0:
                 return
             if n < req.prefill_left:
@@ -86,9 +86,21 @@ class SarathiScheduler(Scheduler):
             n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
         b.budget = num_decodes + n
 
-    def _fits_while_alive(self, req: Request) -> bool:
-        # The adaptive budget admits as fast as the SLO allows, so it must also see the
-        # cache: admit only if every running request and `req` still fit while `req`
-        # lives (it is the newest, so the first to be preempted if they did not).
-        return peak_blocks([*self._running.values(), req], self.config.block_size,
-                           req.max_new_tokens - req.num_generated) <= self.config.num_blocks
+    def _decode_need(self) -> int:
+        """Blocks the running decodes will take before the next of them finishes.
+
+        Until a request finishes no block comes back, so a prefill that takes these
+        blocks now forces a recompute preemption of the newest request (often the one
+        just prefilled: the whole prompt is thrown away). A static budget paces prefill
+        slowly enough that this is rare; the adaptive budget, which may prefill a whole
+        queue in a few steps, must leave them free."""
+        bs = self.config.block_size
+        decodes = [r for r in self._running.values() if r.num_computed >= r.prefill_target]
+        if not decodes:
+            return 0
+        steps = min(r.max_new_tokens - r.num_generated for r in decodes)
+        need = 0
+        for r in decodes:
+            last = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token's KV is never stored
+            need += max(0, -(-min(r.num_computed + steps, last) // bs) - len(r.blocks))
+        return need
