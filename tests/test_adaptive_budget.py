@@ -9,7 +9,7 @@ import pytest
 
 from sarathi_rt.metrics import percentile
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, create_scheduler
-from sarathi_rt.scheduler.step_time import StepShape, adaptive_prefill_tokens, predict
+from sarathi_rt.scheduler.step_time import MAX_RATE_PROBES, StepShape, adaptive_prefill_tokens, predict
 from sarathi_rt.sim import A100, H100, H200, LinearCostModel, VidurCostModel, get_hardware, infer_hardware, simulate
 from sarathi_rt.step_time import OnlineStepTimeModel
 from sarathi_rt.workloads import WorkloadConfig, data_path, make_workload
@@ -61,6 +61,30 @@ def test_adaptive_prefill_tokens_search() -> None:
     assert adaptive_prefill_tokens(cost, 0.1, 95, 100, 0, 512, 1) == 0  # decodes alone break it
 
 
+class _KneeModel:
+    """1 ms per token up to 256 tokens, 3 ms per token beyond: the most tokens per second
+    is a step of exactly 256, though bigger ones fit a loose limit."""
+
+    def predict_shape(self, shape: StepShape) -> float:
+        n = shape.num_tokens
+        return 0.01 + 0.001 * min(n, 256) + 0.003 * max(n - 256, 0)
+
+    def observe(self, plan, seconds: float) -> None:
+        pass
+
+
+def test_adaptive_prefill_tokens_takes_the_fastest_step_within_the_limit() -> None:
+    knee = _KneeModel()
+    assert adaptive_prefill_tokens(knee, 10.0, 16, 16, 0, 4096, 128) == 256 - 16
+    assert adaptive_prefill_tokens(knee, 0.2, 16, 16, 0, 4096, 128) == 128 - 16  # the limit binds first
+    # Untiled, the scan prices at most MAX_RATE_PROBES sizes (+ the binary search), not
+    # one per token, and lands within one probe spacing of the best.
+    calls = []
+    counting = type("Counting", (), {"predict_shape": lambda self, s: calls.append(s) or knee.predict_shape(s)})()
+    assert abs(adaptive_prefill_tokens(counting, 10.0, 0, 0, 0, 4096, 1) - 256) <= 4096 // MAX_RATE_PROBES
+    assert len(calls) <= 13 + MAX_RATE_PROBES + 1
+
+
 def _adaptive(slo: float, cost, **kw):
     base = dict(policy="sarathi", token_budget=512, max_num_seqs=64, num_blocks=4096, tbt_slo=slo, slo_margin=0.0)
     base.update(kw)
@@ -101,6 +125,42 @@ def test_adaptive_budget_never_starves_decodes_and_always_moves_a_lone_prefill()
     s.update(plan)
     s.update(s.schedule())  # request 0 finishes
     assert s.schedule().num_prefill_tokens == 16
+
+
+def _run(s) -> tuple[list, list]:
+    plans, preempted = [], []
+    while s.has_unfinished():
+        plan = s.schedule()
+        plans.append(plan)
+        preempted += plan.preempted
+        s.update(plan)
+    return plans, preempted
+
+
+def test_adaptive_budget_leaves_running_decodes_their_blocks() -> None:
+    """A 10-block cache (4 tokens a block): request 0 decodes and will need a third
+    block in 4 steps; request 1's 32-token prompt needs 8 blocks and 8 are free. A
+    budget that allows the whole prompt takes them all, and request 0's next block then
+    comes from preempting request 1, whose prompt is thrown away and recomputed. The
+    adaptive budget leaves that block free: request 1 prefills 28 tokens now and the
+    rest once request 0 is done; nothing is preempted."""
+    def scheduler(**kw):
+        base = dict(token_budget=64, max_num_seqs=4, block_size=4, num_blocks=10, watermark=0.0)
+        base.update(kw)
+        s = create_scheduler(SchedulerConfig(**base), LinearCostModel(0.01, 0.001) if "tbt_slo" in kw else None)
+        s.add_request(0, 4, 8)
+        s.update(s.schedule())  # request 0's prompt; it decodes from now on
+        s.update(s.schedule())  # its first decode takes its second block
+        s.add_request(1, 32, 2)
+        return s
+
+    static_plans, static_preempted = _run(scheduler())
+    assert static_plans[0].num_prefill_tokens == 32 and set(static_preempted) == {1}
+    assert sum(p.num_prefill_tokens for p in static_plans) > 32  # the prompt again, at least once
+    plans, preempted = _run(scheduler(tbt_slo=1.0, slo_margin=0.0))
+    assert preempted == []
+    assert [e.num_tokens for e in plans[0].entries] == [1, 28]
+    assert sum(p.num_prefill_tokens for p in plans) == 32  # nothing recomputed
 
 
 def test_adaptive_budget_config_errors() -> None:
