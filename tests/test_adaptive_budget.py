@@ -230,6 +230,34 @@ def test_online_model_starts_conservative_and_learns() -> None:
         m.observe(BatchPlan(0, [PlanEntry(0, 0, 1, True, True)], num_prefill_tokens=1), float("nan"))
     with pytest.raises(ValueError, match="quantile"):
         OnlineStepTimeModel(quantile=1.0)
+    with pytest.raises(ValueError, match="error_window"):
+        OnlineStepTimeModel(error_window=4)
+
+
+def test_online_guard_scales_with_the_step_and_follows_a_change_of_mix() -> None:
+    """Noise that is a share of the step (10%): a quiet phase of small steps with a rare
+    large one, then a burst of large steps. A guard of the small steps' absolute errors
+    would under-forecast about half of the large ones; the relative guard covers them
+    from the first, and a noisier burst shows in it within a few steps."""
+    rng = random.Random(1)
+    truth = LinearCostModel(0.005, 2e-4)
+    m = OnlineStepTimeModel()
+
+    def plan_of(n: int) -> BatchPlan:
+        return BatchPlan(0, [PlanEntry("p", 0, n, True, True)], num_prefill_tokens=n)
+
+    def step(n: int, noise: float) -> bool:
+        plan = plan_of(n)
+        seconds = truth.step_time(plan) * (1 + noise * rng.random())
+        under = m.predict_shape(StepShape.of_plan(plan)) < seconds
+        m.observe(plan, seconds)
+        return under
+
+    for i in range(600):
+        step(500 if i % 150 == 0 else rng.randrange(16, 64), 0.1)
+    assert sum(step(rng.randrange(400, 500), 0.1) for _ in range(100)) <= 3
+    noisier = [step(rng.randrange(400, 500), 0.3) for _ in range(60)]
+    assert sum(noisier[10:]) <= 2
 
 
 def test_engine_with_tbt_slo_learns_its_steps() -> None:
