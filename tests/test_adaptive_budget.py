@@ -9,8 +9,9 @@ import pytest
 
 from sarathi_rt.metrics import percentile
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, create_scheduler
-from sarathi_rt.scheduler.step_time import StepShape, adaptive_prefill_tokens, predict
-from sarathi_rt.sim import A100, H100, H200, LinearCostModel, VidurCostModel, get_hardware, infer_hardware, simulate
+from sarathi_rt.scheduler.step_time import MAX_RATE_PROBES, StepShape, adaptive_prefill_tokens, predict
+from sarathi_rt.sim import (A100, H100, H200, LinearCostModel, PipelineLatency, VidurCostModel, get_hardware,
+                            infer_hardware, simulate)
 from sarathi_rt.step_time import OnlineStepTimeModel
 from sarathi_rt.workloads import WorkloadConfig, data_path, make_workload
 
@@ -61,6 +62,30 @@ def test_adaptive_prefill_tokens_search() -> None:
     assert adaptive_prefill_tokens(cost, 0.1, 95, 100, 0, 512, 1) == 0  # decodes alone break it
 
 
+class _KneeModel:
+    """1 ms per token up to 256 tokens, 3 ms per token beyond: the most tokens per second
+    is a step of exactly 256, though bigger ones fit a loose limit."""
+
+    def predict_shape(self, shape: StepShape) -> float:
+        n = shape.num_tokens
+        return 0.01 + 0.001 * min(n, 256) + 0.003 * max(n - 256, 0)
+
+    def observe(self, plan, seconds: float) -> None:
+        pass
+
+
+def test_adaptive_prefill_tokens_takes_the_fastest_step_within_the_limit() -> None:
+    knee = _KneeModel()
+    assert adaptive_prefill_tokens(knee, 10.0, 16, 16, 0, 4096, 128) == 256 - 16
+    assert adaptive_prefill_tokens(knee, 0.2, 16, 16, 0, 4096, 128) == 128 - 16  # the limit binds first
+    # Untiled, the scan prices at most MAX_RATE_PROBES sizes (+ the binary search), not
+    # one per token, and lands within one probe spacing of the best.
+    calls = []
+    counting = type("Counting", (), {"predict_shape": lambda self, s: calls.append(s) or knee.predict_shape(s)})()
+    assert abs(adaptive_prefill_tokens(counting, 10.0, 0, 0, 0, 4096, 1) - 256) <= 4096 // MAX_RATE_PROBES
+    assert len(calls) <= 13 + MAX_RATE_PROBES + 1
+
+
 def _adaptive(slo: float, cost, **kw):
     base = dict(policy="sarathi", token_budget=512, max_num_seqs=64, num_blocks=4096, tbt_slo=slo, slo_margin=0.0)
     base.update(kw)
@@ -101,6 +126,42 @@ def test_adaptive_budget_never_starves_decodes_and_always_moves_a_lone_prefill()
     s.update(plan)
     s.update(s.schedule())  # request 0 finishes
     assert s.schedule().num_prefill_tokens == 16
+
+
+def _run(s) -> tuple[list, list]:
+    plans, preempted = [], []
+    while s.has_unfinished():
+        plan = s.schedule()
+        plans.append(plan)
+        preempted += plan.preempted
+        s.update(plan)
+    return plans, preempted
+
+
+def test_adaptive_budget_leaves_running_decodes_their_blocks() -> None:
+    """A 10-block cache (4 tokens a block): request 0 decodes and will need a third
+    block in 4 steps; request 1's 32-token prompt needs 8 blocks and 8 are free. A
+    budget that allows the whole prompt takes them all, and request 0's next block then
+    comes from preempting request 1, whose prompt is thrown away and recomputed. The
+    adaptive budget leaves that block free: request 1 prefills 28 tokens now and the
+    rest once request 0 is done; nothing is preempted."""
+    def scheduler(**kw):
+        base = dict(token_budget=64, max_num_seqs=4, block_size=4, num_blocks=10, watermark=0.0)
+        base.update(kw)
+        s = create_scheduler(SchedulerConfig(**base), LinearCostModel(0.01, 0.001) if "tbt_slo" in kw else None)
+        s.add_request(0, 4, 8)
+        s.update(s.schedule())  # request 0's prompt; it decodes from now on
+        s.update(s.schedule())  # its first decode takes its second block
+        s.add_request(1, 32, 2)
+        return s
+
+    static_plans, static_preempted = _run(scheduler())
+    assert static_plans[0].num_prefill_tokens == 32 and set(static_preempted) == {1}
+    assert sum(p.num_prefill_tokens for p in static_plans) > 32  # the prompt again, at least once
+    plans, preempted = _run(scheduler(tbt_slo=1.0, slo_margin=0.0))
+    assert preempted == []
+    assert [e.num_tokens for e in plans[0].entries] == [1, 28]
+    assert sum(p.num_prefill_tokens for p in plans) == 32  # nothing recomputed
 
 
 def test_adaptive_budget_config_errors() -> None:
@@ -169,6 +230,34 @@ def test_online_model_starts_conservative_and_learns() -> None:
         m.observe(BatchPlan(0, [PlanEntry(0, 0, 1, True, True)], num_prefill_tokens=1), float("nan"))
     with pytest.raises(ValueError, match="quantile"):
         OnlineStepTimeModel(quantile=1.0)
+    with pytest.raises(ValueError, match="error_window"):
+        OnlineStepTimeModel(error_window=4)
+
+
+def test_online_guard_scales_with_the_step_and_follows_a_change_of_mix() -> None:
+    """Noise that is a share of the step (10%): a quiet phase of small steps with a rare
+    large one, then a burst of large steps. A guard of the small steps' absolute errors
+    would under-forecast about half of the large ones; the relative guard covers them
+    from the first, and a noisier burst shows in it within a few steps."""
+    rng = random.Random(1)
+    truth = LinearCostModel(0.005, 2e-4)
+    m = OnlineStepTimeModel()
+
+    def plan_of(n: int) -> BatchPlan:
+        return BatchPlan(0, [PlanEntry("p", 0, n, True, True)], num_prefill_tokens=n)
+
+    def step(n: int, noise: float) -> bool:
+        plan = plan_of(n)
+        seconds = truth.step_time(plan) * (1 + noise * rng.random())
+        under = m.predict_shape(StepShape.of_plan(plan)) < seconds
+        m.observe(plan, seconds)
+        return under
+
+    for i in range(600):
+        step(500 if i % 150 == 0 else rng.randrange(16, 64), 0.1)
+    assert sum(step(rng.randrange(400, 500), 0.1) for _ in range(100)) <= 3
+    noisier = [step(rng.randrange(400, 500), 0.3) for _ in range(60)]
+    assert sum(noisier[10:]) <= 2
 
 
 def test_engine_with_tbt_slo_learns_its_steps() -> None:
@@ -189,3 +278,54 @@ def test_engine_with_tbt_slo_learns_its_steps() -> None:
         LLM("tiny", num_kv_blocks=64, tbt_slo=-1.0)
     with pytest.raises(ValueError, match="not supported by policy 'vllm'"):
         LLM("tiny", num_kv_blocks=64, policy="vllm", tbt_slo=0.1)
+
+
+def test_adaptive_budget_with_pipeline_stages_sizes_each_micro_batch() -> None:
+    """Two stages: each micro-batch's trip through both (compute plus one send) is sized
+    to the SLO, which keeps P99 TBT within it where a static 2048 budget breaks it."""
+    cost = VidurCostModel(PROFILE)
+    trip = PipelineLatency(cost, 2)
+    shape = StepShape.hybrid(256, 0, 8, 8 * 500)
+    assert trip.predict_shape(shape) == pytest.approx(cost.predict_shape(shape) + cost.comm_time(264))
+    workload = make_workload(WorkloadConfig(num_requests=60, qps=4.0, seed=1))
+    blocks = cost.kv_cache_blocks()
+    static = SchedulerConfig(token_budget=2048, max_num_seqs=128, num_blocks=blocks, max_partial_prefills=2)
+    assert simulate(workload, static, cost, pipeline_stages=2).summary().tbt.p99 > 0.1
+    cfg = SchedulerConfig(token_budget=4096, max_num_seqs=128, num_blocks=blocks, tile_size=128, tbt_slo=0.1,
+                          max_partial_prefills=2)
+    res = simulate(workload, cfg, cost, pipeline_stages=2)
+    assert res.summary().tbt.p99 <= 0.1 and res.summary().num_finished == 60
+    assert max(s.num_tokens for s in res.steps) > 512
+
+
+def test_engine_adaptive_budget_learns_micro_batches_of_a_pipeline() -> None:
+    """With two micro-batches in flight the online model learns each one's time from its
+    submission to its output (what its requests wait for their next token)."""
+    from sarathi_rt import SamplingParams
+    from sarathi_rt.engine import EngineConfig, LLMEngine
+    from sarathi_rt.engine.executor import InProcessExecutor
+
+    class TwoDeep(InProcessExecutor):  # a pipeline's driver-side behaviour, in-process
+        pipeline_depth = 2
+        most_in_flight = 0
+
+        def submit(self, step) -> None:
+            super().submit(step)
+            self.most_in_flight = max(self.most_in_flight, len(self._done))
+
+    config = EngineConfig("tiny", token_budget=32, max_num_seqs=8, num_kv_blocks=64, tbt_slo=10.0,
+                          pipeline_parallel_size=2)
+    executor = TwoDeep(config)
+    engine = LLMEngine(config, executor=executor)
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    for i in range(4):  # a whole prompt per micro-batch (the budget) keeps both stages fed
+        engine.add_request(i, [5 + i] * 32, params)
+    tokens: dict = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.request_id] = out.token_ids
+    assert [len(tokens[i]) for i in range(4)] == [5] * 4
+    steps = list(engine.step_metrics)
+    assert executor.most_in_flight == 2  # two micro-batches did run at once
+    assert engine.step_time_model.num_observed == len(steps) > 5
+    assert all(0 < s.predicted_duration < 10.0 for s in steps[-3:])

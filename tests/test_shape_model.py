@@ -55,8 +55,13 @@ def test_measure_the_engine_by_shape() -> None:
     from sarathi_rt import LLM
 
     engine = LLM(model="tiny", token_budget=64, max_num_seqs=4, num_kv_blocks=64).engine
+    run, ran = engine.executor.execute, []
+    engine.executor.execute = lambda step: ran.append(id(step)) or run(step)
     steps = measure(engine, [(0, 0, 4, 30), (24, 10, 0, 0), (8, 30, 2, 30)], repeats=2, warmup=0)
+    del engine.executor.execute
     assert [(s.num_prefill_tokens, s.num_decodes, len(s.seconds)) for s in steps] == [(0, 4, 2), (24, 0, 2), (8, 2, 2)]
+    # In rounds: every batch once before any batch twice (load drift becomes noise).
+    assert len(set(ran[:3])) == 3 and set(ran[3:]) == set(ran[:3])
     assert all(t > 0 for s in steps for t in s.seconds)
     with pytest.raises(ValueError, match="KV blocks"):
         measure(engine, [(0, 0, 4, 1000)])

@@ -19,6 +19,7 @@ from sarathi_rt.sim.cost import CostModel, TableCostModel, interpolate_measured
 
 if TYPE_CHECKING:
     from sarathi_rt.engine import LLMEngine
+    from sarathi_rt.engine.step_io import StepInput
 
 
 @dataclass(frozen=True)
@@ -91,18 +92,14 @@ def profile_cost_model(cost_model: CostModel, token_counts: Sequence[int], *, nu
     return StepTimeProfile(tuple(counts), tuple(seconds), num_decodes, context_len, label)
 
 
-def time_synthetic_step(engine: LLMEngine, rows: Sequence[tuple[int, int, bool]], *, repeats: int,
-                        warmup: int) -> list[float]:
-    """Wall times of one step through `engine`'s executor (model forward and sampling),
-    `repeats` times after `warmup`: one request per row (start_pos, num_tokens, samples),
-    each in blocks of its own, with throwaway ids. The engine must be idle: the step
-    writes throwaway KV into its cache blocks."""
+def synthetic_step(engine: LLMEngine, rows: Sequence[tuple[int, int, bool]]) -> StepInput:
+    """A step of one request per row (start_pos, num_tokens, samples), each in blocks of
+    its own from block 0, with throwaway ids; running it writes throwaway KV into those
+    blocks, so the engine must be idle."""
     from sarathi_rt.engine.step_io import RowSampling, SequenceChunk, StepInput
 
     if engine.has_unfinished():
         raise ValueError("engine has unfinished requests; profiling needs an idle engine")
-    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
     bs, num_blocks = engine.config.block_size, engine.executor.num_kv_blocks
     vocab = engine.model_config.vocab_size
     greedy = RowSampling(temperature=0.0, top_k=None, top_p=1.0, seed=0, num_generated=0)
@@ -116,7 +113,16 @@ def time_synthetic_step(engine: LLMEngine, rows: Sequence[tuple[int, int, bool]]
         chunks.append(SequenceChunk(i, ids, start, list(range(next_block, next_block + need)),
                                     greedy if sample else None))
         next_block += need
-    step = StepInput(0, chunks)
+    return StepInput(0, chunks)
+
+
+def time_synthetic_step(engine: LLMEngine, rows: Sequence[tuple[int, int, bool]], *, repeats: int,
+                        warmup: int) -> list[float]:
+    """Wall times of the `synthetic_step` of `rows` through `engine`'s executor (model
+    forward and sampling), `repeats` times after `warmup`."""
+    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
+    step = synthetic_step(engine, rows)
     times = []
     for r in range(warmup + repeats):
         t0 = time.perf_counter()

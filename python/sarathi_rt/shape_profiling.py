@@ -5,6 +5,7 @@ contexts tell the attention terms from the dense ones); then a short real run of
 workload measures the host's per-step overhead."""
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from typing import TYPE_CHECKING, Sequence
@@ -43,18 +44,35 @@ def profile_batches(context_len: int, max_decodes: int, max_chunk: int) -> list[
 
 
 def measure(engine: LLMEngine, batches: Sequence[tuple[int, int, int, int]], *, repeats: int = 3,
-            warmup: int = 1) -> list[MeasuredStep]:
+            warmup: int = 1, seed: int = 0) -> list[MeasuredStep]:
     """Wall time of each batch through the engine's executor (model forward and
     sampling), `repeats` times after `warmup`. The engine must be idle: the batches
-    write throwaway KV into its cache blocks."""
-    from sarathi_rt.budget import time_synthetic_step
+    write throwaway KV into its cache blocks.
 
-    out = []
-    for q, pctx, d, dctx in batches:
-        rows = [(dctx, 1, True)] * d + ([(pctx, q, False)] if q else [])
-        times = time_synthetic_step(engine, rows, repeats=repeats, warmup=warmup)
-        out.append(MeasuredStep(q, pctx, d, dctx, False, tuple(times)))
-    return out
+    The repeats are rounds: each times every batch once, in a fresh (seeded) random
+    order. Timed batch after batch, a change of the machine's load during the profile
+    (minutes on a CPU) lands on whole groups of batches (all decodes at one context, say)
+    as a systematic error the fit cannot tell from a real cost; in shuffled rounds it is
+    noise on every batch, which the median over the rounds removes."""
+    from sarathi_rt.budget import synthetic_step
+
+    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
+    steps = [synthetic_step(engine, [(dctx, 1, True)] * d + ([(pctx, q, False)] if q else []))
+             for q, pctx, d, dctx in batches]
+    for step in steps:
+        for _ in range(warmup):
+            engine.executor.execute(step)
+    times: list[list[float]] = [[] for _ in steps]
+    rng = random.Random(seed)
+    order = list(range(len(steps)))
+    for _ in range(repeats):
+        rng.shuffle(order)
+        for i in order:
+            t0 = time.perf_counter()
+            engine.executor.execute(steps[i])
+            times[i].append(time.perf_counter() - t0)
+    return [MeasuredStep(q, pctx, d, dctx, False, tuple(t)) for (q, pctx, d, dctx), t in zip(batches, times)]
 
 
 def host_overhead(engine: LLMEngine, workload: Sequence[RequestSpec], seed: int) -> float:
@@ -83,7 +101,7 @@ def profile_engine(engine: LLMEngine, context_len: int, max_decodes: int, max_ch
                    engine_settings: dict | None = None) -> ShapeProfile:
     """The profile `sarathi-rt profile` saves; `calibration`: requests for the host
     overhead's real run (none: no host term)."""
-    steps = measure(engine, profile_batches(context_len, max_decodes, max_chunk), repeats=repeats)
+    steps = measure(engine, profile_batches(context_len, max_decodes, max_chunk), repeats=repeats, seed=seed)
     host = host_overhead(engine, calibration, seed) if calibration else 0.0
     return ShapeProfile(tuple(steps), host, dict(engine_settings or {}),
                         label=f"{engine.config.model} on {engine.config.device}")

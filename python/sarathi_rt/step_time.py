@@ -5,9 +5,15 @@ machine without a profile.
 Step time is a linear function of the step's shape (StepShape): a fixed cost, prefill
 tokens, their (query, key) attention pairs, decodes, KV tokens read and rows sampled,
 fitted by least squares with non-negative coefficients over a sliding window of recent
-steps. The prediction is that fit plus a high quantile of its recent errors (each error
+steps. The prediction is that fit plus a high quantile of its recent errors (each
 measured before the step was learned from), so the budget guards the P99 step, not the
-mean one. Until it has seen enough steps, and for steps larger than any it has seen, it
+mean one. An error is counted as a share of its step's size, the size being the fit's
+time for the step but never less than the median of recent steps: a step slowed by a
+busy machine takes a share longer, so an absolute guard learned on a quiet phase of small
+steps under-guards the large steps of a burst; yet a tiny step's jitter (the host's, the
+timer's) is no share of its own size, and a purely relative guard would inflate every
+forecast by it. The errors come from the last `error_window` steps only, so that a change
+of load shows in the guard within a few steps rather than after hundreds. Until it has seen enough steps, and for steps larger than any it has seen, it
 scales the largest step seen linearly with the token count: it starts conservative and
 lets the budget grow as it learns."""
 from __future__ import annotations
@@ -56,20 +62,27 @@ def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 class OnlineStepTimeModel:
-    """quantile: of the recent errors added to the fit (0.99 guards P99 TBT);
-    window: steps remembered; min_observations: steps seen before the fit is trusted."""
+    """quantile: of the recent errors (as shares of step size) added to the fit (0.99
+    guards P99 TBT);
+    window: steps the fit remembers; error_window: steps whose errors make the guard;
+    min_observations: steps seen before the fit is trusted."""
 
-    def __init__(self, quantile: float = 0.99, window: int = 512, min_observations: int = 16) -> None:
+    def __init__(self, quantile: float = 0.99, window: int = 512, min_observations: int = 16,
+                 error_window: int = 128) -> None:
         if not 0 < quantile < 1:
             raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
         if not isinstance(window, int) or window < 8:
             raise ValueError(f"window must be an int >= 8, got {window!r}")
         if not isinstance(min_observations, int) or not 1 <= min_observations <= window:
             raise ValueError(f"min_observations must be an int in [1, window], got {min_observations!r}")
+        if not isinstance(error_window, int) or not 8 <= error_window <= window:
+            raise ValueError(f"error_window must be an int in [8, window], got {error_window!r}")
         self.quantile, self.min_observations = quantile, min_observations
         self._x: deque[list[float]] = deque(maxlen=window)
         self._y: deque[float] = deque(maxlen=window)
-        self._errors: deque[float] = deque(maxlen=window)
+        self._errors: deque[float] = deque(maxlen=error_window)
+        self._sizes: deque[float] = deque(maxlen=error_window)  # the fit's time of those steps
+        self._typical = 0.0  # median of _sizes: the smallest size an error is a share of
         self._coef: np.ndarray | None = None
         self._guard = 0.0
         self._largest = (0, 0.0)  # (tokens, seconds) of the largest step seen
@@ -87,7 +100,8 @@ class OnlineStepTimeModel:
         warm = self._coef is not None and self.num_observed >= self.min_observations
         if not warm:
             return self._scaled_largest(shape.num_tokens)
-        t = self._mean(shape) + self._guard
+        mean = self._mean(shape)
+        t = mean + self._guard * max(mean, self._typical)
         if shape.num_tokens > self._largest[0]:  # beyond what it has seen: no extrapolating down
             t = max(t, self._scaled_largest(shape.num_tokens))
         return t
@@ -99,7 +113,12 @@ class OnlineStepTimeModel:
             return
         shape = StepShape.of_plan(plan)
         if self._coef is not None:
-            self._errors.append(seconds - self._mean(shape))
+            mean = self._mean(shape)
+            self._sizes.append(mean)
+            self._typical = float(np.median(np.array(self._sizes)))
+            size = max(mean, self._typical)
+            if size > 0:
+                self._errors.append((seconds - mean) / size)
         tokens, largest = self._largest
         if shape.num_tokens > tokens or (shape.num_tokens == tokens and seconds > largest):
             self._largest = (shape.num_tokens, seconds)

@@ -36,6 +36,8 @@ class EngineConfig:
     tbt_slo (seconds) turns on the adaptive token budget (policy sarathi): each step's
     prefill is sized so that its time, as an online step-time model learned from the
     engine's own steps predicts it, stays within the SLO; token_budget is then the cap.
+    With pipeline_parallel_size > 1 a step is a micro-batch and the model learns its
+    time from submission to output, the gap its requests see between two tokens.
     enable_prefix_caching: requests share the KV blocks of prompt prefixes computed
     before (outputs are the same with it on or off; see the README)."""
 

@@ -55,6 +55,10 @@ class StepShape:
         return cls(q, q * s + q * (q + 1) // 2, s + q, num_decodes, decode_kv, num_decodes + 1)
 
 
+# Step sizes adaptive_prefill_tokens prices when it looks for the most tokens per second.
+MAX_RATE_PROBES = 32
+
+
 class StepTimeModel(Protocol):
     """Predicts one step's seconds from its shape. In the simulator it is the cost
     model itself; in the engine it learns from the steps it observes."""
@@ -78,12 +82,15 @@ def predict(model: StepTimeModel, num_prefill_tokens: int, decode_contexts: Sequ
 
 def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int, decode_kv: int,
                             prefill_context: int, max_tokens: int, quantum: int) -> int:
-    """The most prefill tokens n (with num_decodes + n a multiple of `quantum`, and at
-    most max_tokens - num_decodes) whose predicted step stays within `limit` seconds;
-    0 when none does. Binary search: step time grows with n; a model that is not
-    monotone still gets a step within the limit, if not the largest."""
+    """Prefill tokens n (with num_decodes + n a multiple of `quantum`, and at most
+    max_tokens - num_decodes) for a step within `limit` seconds: of the sizes that fit,
+    the one with the most tokens per second (the smallest on a tie); 0 when none fits.
+    Binary search for the largest that fits (step time grows with n; a model that is
+    not monotone still gets a step within the limit), then a scan below it (of at most
+    MAX_RATE_PROBES sizes, evenly spaced)."""
     lo = num_decodes // quantum + 1  # the fewest quanta that hold every decode and >= 1 prefill token
     hi = max_tokens // quantum
+    first = lo
     best = 0
     while lo <= hi:
         k = (lo + hi) // 2
@@ -92,4 +99,19 @@ def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int
             best, lo = n, k + 1
         else:
             hi = k - 1
-    return best
+    if best == 0:
+        return 0
+    # Within the SLO, the step with the most tokens per second: past that size a step is
+    # slower per token (attention grows with the chunk, tile waves fill unevenly), and
+    # the prefill left over rides in the next steps' memory-bound slack for less.
+    # At most MAX_RATE_PROBES sizes are priced (the largest always), so that an untiled
+    # step (quantum 1) costs a few dozen predictions, not one per token.
+    last = (best + num_decodes) // quantum
+    stride = -(-(last - first + 1) // MAX_RATE_PROBES)
+    rate, chosen = 0.0, best
+    for k in [*range(first, last, stride), last]:
+        n = k * quantum - num_decodes
+        r = (n + num_decodes) / model.predict_shape(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv))
+        if r > rate:
+            rate, chosen = r, n
+    return chosen

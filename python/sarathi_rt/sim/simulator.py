@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 from sarathi_rt.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
 from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, SchedulerConfig, create_scheduler
-from sarathi_rt.scheduler.step_time import StepTimeModel
+from sarathi_rt.scheduler.step_time import StepShape, StepTimeModel
 from sarathi_rt.workloads import RequestSpec
 
 from .cost import CostModel
@@ -54,6 +54,23 @@ class _InFlight:
     plan: BatchPlan
 
 
+class PipelineLatency:
+    """The adaptive budget's step-time model under pipeline parallelism: a micro-batch's
+    trip through k stages (its compute split evenly over them plus k - 1 sends). That
+    trip is the gap between a request's tokens when k equal micro-batches rotate
+    through the pipeline (each stage is busy with one of them at a time), so sizing
+    each micro-batch's trip to the SLO is what sizing a step is without a pipeline."""
+
+    def __init__(self, cost_model: CostModel, stages: int) -> None:
+        self.cost_model, self.stages = cost_model, stages
+
+    def predict_shape(self, shape: StepShape) -> float:
+        return self.cost_model.predict_shape(shape) + (self.stages - 1) * self.cost_model.comm_time(shape.num_tokens)
+
+    def observe(self, plan: BatchPlan, seconds: float) -> None:
+        """Exact by construction: nothing to learn."""
+
+
 def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig, cost_model: CostModel,
              *, pipeline_stages: int = 1, progress: Callable[[int], None] | None = None,
              step_time_model: StepTimeModel | None = None) -> SimResult:
@@ -62,7 +79,9 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     `progress(n)` is called with the number of requests each step finished.
 
     With scheduler_config.tbt_slo the adaptive budget asks `step_time_model` (default:
-    the cost model itself, which knows every step exactly); it observes each step."""
+    the cost model itself, which knows every step exactly; with pipeline stages, the
+    micro-batch's trip through all of them, see PipelineLatency); a model passed in
+    observes each micro-batch from its issue to its last stage, as the engine does."""
     if not isinstance(pipeline_stages, int) or isinstance(pipeline_stages, bool) or pipeline_stages <= 0:
         raise ValueError(f"pipeline_stages must be a positive int, got {pipeline_stages!r}")
     if any(b.arrival_time < a.arrival_time for a, b in zip(workload, workload[1:])):
@@ -70,11 +89,11 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     ids = [r.request_id for r in workload]
     if len(set(ids)) != len(ids):
         raise ValueError("workload has duplicate request ids")
-    if scheduler_config.tbt_slo is not None and step_time_model is None:
-        step_time_model = cost_model  # type: ignore[assignment]
-    sched = create_scheduler(scheduler_config, step_time_model)
-    learner = step_time_model if step_time_model is not cost_model else None
     k = pipeline_stages
+    learner = step_time_model if step_time_model is not cost_model else None
+    if scheduler_config.tbt_slo is not None and step_time_model is None:
+        step_time_model = cost_model if k == 1 else PipelineLatency(cost_model, k)  # type: ignore[assignment]
+    sched = create_scheduler(scheduler_config, step_time_model)
     index = {rid: i for i, rid in enumerate(ids)}
     records = [RequestMetrics(r.arrival_time, r.num_prompt_tokens) for r in workload]
     bubbles = [0.0] * len(workload)
