@@ -17,6 +17,7 @@ dead peer, the watchdog prints the error and ends the process."""
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import sys
 import threading
@@ -102,6 +103,9 @@ def start(config: EngineConfig) -> TorchrunExecutor:
 
 def _join(config: EngineConfig, topo: Topology) -> _Rank:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    timeout = timedelta(seconds=max(config.worker_timeout, STARTUP_TIMEOUT_S))
+    store, rank, world = next(dist.rendezvous("env://", rank, topo.world_size, timeout=timeout))
+    config = _driver_config(store, rank, config)
     if config.device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -109,8 +113,6 @@ def _join(config: EngineConfig, topo: Topology) -> _Rank:
     else:  # the ranks of one node share its cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world()))
         backend = "gloo"
-    timeout = timedelta(seconds=max(config.worker_timeout, STARTUP_TIMEOUT_S))
-    store, rank, world = next(dist.rendezvous("env://", rank, topo.world_size, timeout=timeout))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     store.set(f"{KEY}host/{rank}", f"host {socket.gethostname()} (pid {os.getpid()})")
     # Every rank creates every group, in the same order.
@@ -118,6 +120,21 @@ def _join(config: EngineConfig, topo: Topology) -> _Rank:
     groups = [dist.new_group(topo.stage_ranks(s)) for s in range(topo.pp)]
     threading.Thread(target=_beat, args=(store, rank), name="sarathi-rt-heartbeat", daemon=True).start()
     return _Rank(rank, topo, config, store, meta, groups)
+
+
+def _driver_config(store: Any, rank: int, config: EngineConfig) -> EngineConfig:
+    """Rank 0's configuration is the job's: it publishes it, every other rank serves with
+    it (dtype, block size, seed, ... need not be repeated on their command lines)."""
+    if rank == 0:
+        store.set(f"{KEY}config", pickle.dumps(config))
+        return config
+    store.wait([f"{KEY}config"])
+    driver = pickle.loads(store.get(f"{KEY}config"))
+    mine = (config.tensor_parallel_size, config.pipeline_parallel_size)
+    if (driver.tensor_parallel_size, driver.pipeline_parallel_size) != mine:
+        raise ValueError(f"rank 0 runs tensor_parallel_size x pipeline_parallel_size = {driver.tensor_parallel_size} "
+                         f"x {driver.pipeline_parallel_size}, rank {rank} was started with {mine[0]} x {mine[1]}")
+    return driver
 
 
 def _local_world() -> int:
@@ -243,9 +260,15 @@ class TorchrunExecutor:
         self._check()
         for r in range(1, self.topology.world_size):
             self._outbox.send(step, r)
+        # A tensor peer whose main thread hangs (its heartbeat still beats) holds this
+        # rank in a collective: the step's deadline names the stage's other ranks.
+        peers = self.topology.stage_ranks(0)[1:]
+        self._deadline = (time.monotonic() + self._timeout, f"step {step.step}", peers) if peers else None
         self._in_stage = True
-        self._local[step.step] = self._stage.run(step, received=time.perf_counter())
-        self._in_stage = False
+        try:
+            self._local[step.step] = self._stage.run(step, received=time.perf_counter())
+        finally:
+            self._in_stage, self._deadline = False, None
         self._order.append(step.step)
 
     def collect(self) -> StepOutput:
@@ -256,7 +279,7 @@ class TorchrunExecutor:
         stages = [self._local[step]]
         del self._local[step]
         for s in range(1, self.topology.pp):
-            stages.append(self._recv(self.topology.stage_ranks(s)[0], f"step {step}", self._timeout))
+            stages.append(self._recv(self.topology.stage_ranks(s), f"step {step}", self._timeout))
         out = stages[-1][1]
         if out is None or out.step != step:
             self._fail(f"the last pipeline stage returned no tokens for step {step}")
@@ -276,8 +299,12 @@ class TorchrunExecutor:
         if self._failure is not None:
             self._fail(self._failure)
 
-    def _recv(self, src: int, what: str, timeout: float) -> Any:
-        self._deadline = (time.monotonic() + max(timeout, self._timeout), what, [src])
+    def _recv(self, ranks: int | list[int], what: str, timeout: float) -> Any:
+        """The next message of `ranks`' first rank; a hang in any of them (a stage's
+        report waits for all of its tensor ranks) is named after `timeout`."""
+        ranks = [ranks] if isinstance(ranks, int) else ranks
+        src = ranks[0]
+        self._deadline = (time.monotonic() + max(timeout, self._timeout), what, ranks)
         try:
             return self._inboxes[src].get(self._check)
         except WorkerError:
@@ -341,8 +368,9 @@ class TorchrunExecutor:
             return _silent(me, stopped, beats.stale)
         if self._deadline is not None and time.monotonic() > self._deadline[0]:
             _, what, ranks = self._deadline
-            return (f"no answer from worker {', '.join(me.describe(r) for r in ranks)} within "
-                    f"worker_timeout={self._timeout:g}s while {what}: the worker is hung or too slow")
+            who = ", ".join(me.describe(r) for r in ranks)
+            return (f"no answer within worker_timeout={self._timeout:g}s while {what} from worker {who}: "
+                    f"{'it is' if len(ranks) == 1 else 'one of them is'} hung or too slow")
         return None
 
 
