@@ -5,11 +5,14 @@ Every (TP, PP, policy, token budget) candidate is first bounded without simulati
 its weights must fit beside a KV cache, a one-decode step must meet the TBT SLO, and
 the most tokens per second a replica can process (the best n / T(n) of its cost model,
 times PP for a full pipeline) caps its capacity, hence the fewest replicas it can
-need. Candidates are then simulated cheapest bound first (a capacity search per
-candidate), and the search stops once `top` plans are known that no unsimulated
-candidate's bound can beat."""
+need. Candidates are then simulated cheapest bound first, and the search stops once
+`top` plans are known that no unsimulated candidate's bound can beat. A candidate's
+capacity per replica does not depend on the target rate: it is searched (10 %
+bisection, never above the ceiling) only when one run at the least rate per replica
+that would enter the list found so far meets the SLO; each rate is simulated once."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -141,7 +144,19 @@ def plan_deployment(request: PlanRequest, workload: WorkloadConfig,
             prune("cannot beat the plans already found", len(candidates) - i)
             break
         simulated += 1
-        capacity = _capacity(request, workload, cand)
+        run = _runner(request, workload, cand)
+        start = min(request.qps, cand.max_qps_bound / 2)
+        if len(plans) >= request.top:
+            # To enter the list it must serve the rate with at most the last plan's GPUs:
+            # one run at that rate settles most candidates without a search.
+            need = request.qps / (plans[request.top - 1].gpus // cand.gpus_per_replica)
+            if not request.slo.met_by(run(need)):
+                log(f"TP={cand.tp} PP={cand.pp} {cand.policy} budget={cand.token_budget}: misses the SLO at "
+                    f"{need:.3g} QPS per replica, the least that beats the plans found")
+                continue
+            start = need
+        capacity = find_capacity(run, request.slo, policy=cand.policy, qps_start=start, rel_tol=0.1,
+                                 max_probes=8, qps_max=cand.max_qps_bound).max_qps
         log(f"TP={cand.tp} PP={cand.pp} {cand.policy} budget={cand.token_budget}: {capacity:.3g} QPS "
             f"per replica (ceiling {cand.max_qps_bound:.3g})")
         if capacity <= 0 or math.ceil(request.qps / capacity) * cand.gpus_per_replica > request.max_gpus:
@@ -184,17 +199,20 @@ def _candidates(request: PlanRequest, specs: Sequence[RequestSpec], prune: Calla
                 prune("one decode step alone exceeds the TBT SLO")
                 continue
             for policy in request.policies:
-                for budget in _budgets(request, policy, cost, longest, int(mean_len), prune):
+                for budget in _budgets(request, policy, cost, pp, longest, int(mean_len), prune):
                     ceiling = max(n / _stage_time(cost, pp, n) for n in _tiles(budget)) / mean_len
                     out.append(Candidate(tp, pp, policy, budget, num_blocks, ceiling))
     return out
 
 
-def _budgets(request: PlanRequest, policy: str, cost: VidurCostModel, longest: int, context: int,
+def _budgets(request: PlanRequest, policy: str, cost: VidurCostModel, pp: int, longest: int, context: int,
              prune: Callable[[str], None]) -> list[int]:
     """Unchunked policies batch whole prompts (their cap is the longest request); the
     chunked ones take the given budgets, or the largest tile-aligned step for
-    min(32, max_num_seqs) decodes that meets the TBT SLO."""
+    min(32, max_num_seqs) decodes that meets the TBT SLO. With PP stages a request's
+    next micro-batch also waits for stage 0 to finish the one issued after it (up to a
+    step's 1/PP), so a token's gap is up to (1 + 1/PP) step times: the step gets that
+    share of the SLO (at the full SLO, PP's P99 TBT sits at the limit at any load)."""
     if not get_policy(policy).chunked:
         return [longest]
     if request.token_budgets:
@@ -202,7 +220,8 @@ def _budgets(request: PlanRequest, policy: str, cost: VidurCostModel, longest: i
     counts = list(range(BUDGET_TILE // 4, 8193, BUDGET_TILE // 4))
     profile = profile_cost_model(cost, counts, num_decodes=min(32, request.max_num_seqs), context_len=context)
     try:
-        return [choose_token_budget(profile, request.slo.tbt_p99, BUDGET_TILE).token_budget]
+        tbt = request.slo.tbt_p99 * pp / (pp + 1) if pp > 1 else request.slo.tbt_p99
+        return [choose_token_budget(profile, tbt, BUDGET_TILE).token_budget]
     except ValueError:
         prune(f"no {BUDGET_TILE}-aligned token budget meets the TBT SLO")
         return []
@@ -234,8 +253,8 @@ def _stage_time(cost: VidurCostModel, pp: int, num_tokens: int) -> float:
     return cost.step_time(plan) / pp + (cost.comm_time(num_tokens) if pp > 1 else 0.0)
 
 
-def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -> float:
-    """Simulated QPS one replica of `cand` sustains within the SLO (to 10 %, at most 8 runs)."""
+def _runner(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -> Callable[[float], MetricsSummary]:
+    """One simulated run of a replica of `cand` at a rate (each rate simulated once)."""
     hardware = HARDWARE[request.hardware]
     cost = VidurCostModel(request.profile, num_layers=request.num_layers, tp=cand.tp, hardware=hardware)
     # A prompt's next chunk waits for its previous one to leave the pipeline: each
@@ -245,6 +264,7 @@ def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -
                              block_size=request.block_size, num_blocks=cand.num_blocks,
                              max_partial_prefills=cand.pp)
 
+    @functools.lru_cache(maxsize=None)
     def run(qps: float) -> MetricsSummary:
         # Arrivals span at least MIN_SPAN_S, and only the later half is judged: the
         # first requests meet an empty system, and a queue that grows (a rate above
@@ -258,6 +278,4 @@ def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -
         result = simulate(requests, run_config, cost, pipeline_stages=cand.pp)
         return summarize(result.requests[len(result.requests) // 2:], result.steps)
 
-    start = min(request.qps, cand.max_qps_bound / 2)
-    return find_capacity(run, request.slo, policy=cand.policy, qps_start=start, rel_tol=0.1,
-                         max_probes=8).max_qps
+    return run
