@@ -26,7 +26,8 @@ from sarathi_rt.workloads import RequestSpec, WorkloadConfig, make_workload
 
 TP_SIZES = (1, 2, 4, 8, 16)  # those the profile has rows for are searched
 BUDGET_TILE = 128
-MIN_SPAN_S = 60.0  # seconds of arrivals per simulated run: a 10 % overload shows by then
+MIN_SPAN_S = 60.0  # seconds of arrivals per simulated run, at least
+LIFETIMES = 4  # ... and at least this many request lifetimes (mean output tokens x the TBT SLO)
 
 
 
@@ -137,6 +138,10 @@ def plan_deployment(request: PlanRequest, workload: WorkloadConfig,
         else:
             candidates.append(cand)
     candidates.sort(key=lambda c: (c.min_gpus(request.qps), c.gpus_per_replica))
+    # A run must outlast the filling of the KV cache and running set (a few request
+    # lifetimes) before its judged half starts, or a small overload looks sustainable:
+    # at 60 s the capacities came out 7-15 % high, the more so the larger the cache (PP).
+    span = max(MIN_SPAN_S, LIFETIMES * request.slo.tbt_p99 * sum(r.num_decode_tokens for r in specs) / len(specs))
     plans: list[Plan] = []
     simulated = 0
     for i, cand in enumerate(candidates):
@@ -144,7 +149,7 @@ def plan_deployment(request: PlanRequest, workload: WorkloadConfig,
             prune("cannot beat the plans already found", len(candidates) - i)
             break
         simulated += 1
-        run = _runner(request, workload, cand)
+        run = _runner(request, workload, cand, span)
         start = min(request.qps, cand.max_qps_bound / 2)
         if len(plans) >= request.top:
             # To enter the list it must serve the rate with at most the last plan's GPUs:
@@ -253,7 +258,8 @@ def _stage_time(cost: VidurCostModel, pp: int, num_tokens: int) -> float:
     return cost.step_time(plan) / pp + (cost.comm_time(num_tokens) if pp > 1 else 0.0)
 
 
-def _runner(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -> Callable[[float], MetricsSummary]:
+def _runner(request: PlanRequest, workload: WorkloadConfig, cand: Candidate, span: float
+            ) -> Callable[[float], MetricsSummary]:
     """One simulated run of a replica of `cand` at a rate (each rate simulated once)."""
     hardware = HARDWARE[request.hardware]
     cost = VidurCostModel(request.profile, num_layers=request.num_layers, tp=cand.tp, hardware=hardware)
@@ -266,10 +272,10 @@ def _runner(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -> 
 
     @functools.lru_cache(maxsize=None)
     def run(qps: float) -> MetricsSummary:
-        # Arrivals span at least MIN_SPAN_S, and only the later half is judged: the
+        # Arrivals span at least `span` seconds, and only the later half is judged: the
         # first requests meet an empty system, and a queue that grows (a rate above
         # what the replica sustains) needs time to push the median delay past its limit.
-        num_requests = max(workload.num_requests, math.ceil(qps * MIN_SPAN_S))
+        num_requests = max(workload.num_requests, math.ceil(qps * span))
         requests = make_workload(replace(workload, qps=qps, num_requests=num_requests))
         run_config = config
         if not get_policy(cand.policy).chunked:  # a longer run may hold a longer request
