@@ -4,12 +4,14 @@ target request rate within the SLOs.
 Every (TP, PP, policy, token budget) candidate is first bounded without simulating:
 its weights must fit beside a KV cache, a one-decode step must meet the TBT SLO, and
 the most tokens per second a replica can process (the best n / T(n) of its cost model,
-times PP for a full pipeline) caps its capacity, hence the fewest replicas it can
-need. Candidates are then simulated cheapest bound first, and the search stops once
+times PP for a full pipeline) caps its capacity, and so does Little's law (a running
+request holds a sequence slot and its prompt's KV for at least one pipeline pass per
+output token), hence the fewest replicas it can need. Candidates are then simulated cheapest bound first, and the search stops once
 `top` plans are known that no unsimulated candidate's bound can beat. A candidate's
 capacity per replica does not depend on the target rate: it is searched (10 %
 bisection, never above the ceiling) only when one run at the least rate per replica
-that would enter the list found so far meets the SLO; each rate is simulated once."""
+that would enter the list found so far meets the SLO; each rate is simulated once, over
+MIN_SPAN_S first and over the full span only if it passes that."""
 from __future__ import annotations
 
 import functools
@@ -86,7 +88,7 @@ class Candidate:
     policy: str
     token_budget: int
     num_blocks: int
-    max_qps_bound: float  # per replica, from the throughput ceiling
+    max_qps_bound: float  # per replica: the throughput ceiling, or Little's law on sequences or KV
 
     @property
     def gpus_per_replica(self) -> int:
@@ -203,10 +205,17 @@ def _candidates(request: PlanRequest, specs: Sequence[RequestSpec], prune: Calla
             if _pass_time(cost, pp, PlanEntry(0, int(mean_len), 1, False, True)) > request.slo.tbt_p99:
                 prune("one decode step alone exceeds the TBT SLO")
                 continue
+            # Little's law on the running requests: each holds a sequence slot (and at
+            # least its prompt's KV) for one pipeline pass per output token, at least.
+            decoding = [r.num_decode_tokens * _pass_time(cost, pp, PlanEntry(0, r.num_prompt_tokens, 1, False, True))
+                        for r in specs]
+            held = sum(r.num_prompt_tokens * t for r, t in zip(specs, decoding)) / len(specs)
+            kv_bound = num_blocks * request.block_size / held
             for policy in request.policies:
                 for budget in _budgets(request, policy, cost, pp, longest, int(mean_len), prune):
                     ceiling = max(n / _stage_time(cost, pp, n) for n in _tiles(budget)) / mean_len
-                    out.append(Candidate(tp, pp, policy, budget, num_blocks, ceiling))
+                    seqs_bound = min(request.max_num_seqs, budget) * len(specs) / sum(decoding)
+                    out.append(Candidate(tp, pp, policy, budget, num_blocks, min(ceiling, seqs_bound, kv_bound)))
     return out
 
 
@@ -270,12 +279,19 @@ def _runner(request: PlanRequest, workload: WorkloadConfig, cand: Candidate, spa
                              block_size=request.block_size, num_blocks=cand.num_blocks,
                              max_partial_prefills=cand.pp)
 
-    @functools.lru_cache(maxsize=None)
     def run(qps: float) -> MetricsSummary:
-        # Arrivals span at least `span` seconds, and only the later half is judged: the
+        # A rate that fails within MIN_SPAN_S fails the longer run too (capacities only
+        # fell with longer runs): overloaded runs, the costliest to drain, stay short.
+        if span > MIN_SPAN_S and not request.slo.met_by(short := simulated(qps, MIN_SPAN_S)):
+            return short
+        return simulated(qps, span)
+
+    @functools.lru_cache(maxsize=None)
+    def simulated(qps: float, seconds: float) -> MetricsSummary:
+        # Arrivals span at least `seconds`, and only the later half is judged: the
         # first requests meet an empty system, and a queue that grows (a rate above
         # what the replica sustains) needs time to push the median delay past its limit.
-        num_requests = max(workload.num_requests, math.ceil(qps * span))
+        num_requests = max(workload.num_requests, math.ceil(qps * seconds))
         requests = make_workload(replace(workload, qps=qps, num_requests=num_requests))
         run_config = config
         if not get_policy(cand.policy).chunked:  # a longer run may hold a longer request
