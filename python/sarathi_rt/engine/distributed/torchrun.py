@@ -38,16 +38,14 @@ from ..memory import CPU_FRACTION
 from ..step_io import StepInput, StepOutput
 from ..worker import Worker
 from .executor import WorkerError
+from .heartbeat import HEARTBEAT_S, HEARTBEAT_STALE_S, KEY, Beats, beat
 from .messages import BYE, POLL_S, Inbox, Outbox
 from .process import STARTUP_TIMEOUT_S, PipelineStage
 from .topology import Topology
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-HEARTBEAT_S = 0.5
-HEARTBEAT_STALE_S = 6.0
 META_TIMEOUT = timedelta(days=365)  # an idle server's ranks wait for the next step
 EXIT_GRACE_S = 2.0  # a failure seen while rank 0 is inside a collective: wait this long, then exit
-KEY = "sarathi-rt/"
 
 
 def launched_by_torchrun() -> bool:
@@ -118,7 +116,7 @@ def _join(config: EngineConfig, topo: Topology) -> _Rank:
     # Every rank creates every group, in the same order.
     meta = dist.new_group(backend="gloo", timeout=META_TIMEOUT)
     groups = [dist.new_group(topo.stage_ranks(s)) for s in range(topo.pp)]
-    threading.Thread(target=_beat, args=(store, rank), name="sarathi-rt-heartbeat", daemon=True).start()
+    threading.Thread(target=beat, args=(store, rank), name="sarathi-rt-heartbeat", daemon=True).start()
     return _Rank(rank, topo, config, store, meta, groups)
 
 
@@ -139,34 +137,6 @@ def _driver_config(store: Any, rank: int, config: EngineConfig) -> EngineConfig:
 
 def _local_world() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
-
-def _beat(store: Any, rank: int) -> None:
-    while True:
-        try:
-            store.add(f"{KEY}beat/{rank}", 1)
-        except Exception:  # the store went away with rank 0's node: the watchdogs act
-            return
-        time.sleep(HEARTBEAT_S)
-
-
-class _Beats:
-    """Which ranks' heartbeats have not moved for `stale` seconds of this clock."""
-
-    def __init__(self, store: Any, ranks: list[int], stale: float) -> None:
-        self.store, self.stale = store, stale
-        now = time.monotonic()
-        self.last = {r: (-1, now) for r in ranks}
-
-    def stopped(self) -> list[int]:
-        now, out = time.monotonic(), []
-        for rank, (count, since) in self.last.items():
-            beat = self.store.add(f"{KEY}beat/{rank}", 0)
-            if beat != count:
-                self.last[rank] = (beat, now)
-            elif now - since > self.stale:
-                out.append(rank)
-        return out
 
 
 def _stage(me: _Rank) -> PipelineStage:
@@ -202,7 +172,7 @@ def _serve(me: _Rank, stopping: threading.Event) -> None:
 
 def _watch_driver(me: _Rank, stopping: threading.Event) -> None:
     """End this worker when the driver stops the job or stops beating."""
-    beats = _Beats(me.store, [0], min(HEARTBEAT_STALE_S, me.config.worker_timeout))
+    beats = Beats(me.store, [0], min(HEARTBEAT_STALE_S, me.config.worker_timeout))
     while not stopping.wait(HEARTBEAT_S):
         try:
             reason = me.store.get(f"{KEY}stop").decode() if me.store.check([f"{KEY}stop"]) else None
@@ -329,7 +299,7 @@ class TorchrunExecutor:
         """Turn failed, silent or late ranks into self._failure; leave the process if the
         main thread is stuck in a collective with them."""
         me = self.me
-        beats = _Beats(me.store, list(range(1, me.topo.world_size)), min(HEARTBEAT_STALE_S, self._timeout))
+        beats = Beats(me.store, list(range(1, me.topo.world_size)), min(HEARTBEAT_STALE_S, self._timeout))
         while not self._closed:
             time.sleep(HEARTBEAT_S)
             try:
@@ -347,7 +317,7 @@ class TorchrunExecutor:
                     os._exit(1)
             return
 
-    def _diagnose(self, beats: _Beats) -> str | None:
+    def _diagnose(self, beats: Beats) -> str | None:
         me, stopped = self.me, beats.stopped()
         if me.store.add(f"{KEY}failed", 0):
             # A peer's death often surfaces first as a communication error in another
