@@ -3,7 +3,7 @@
 with TP=4 over 2 KV heads; `python -m sarathi_rt.launch` runs bench and serve (one HTTP
 completion, then SIGTERM) and every rank exits 0; a worker killed or hung (SIGSTOP) on
 node 1 fails node 0 with an error naming it within the timeout, and every process of the
-job ends."""
+job ends. The other ranks serve with rank 0's engine configuration."""
 from __future__ import annotations
 
 import json
@@ -202,3 +202,33 @@ def test_launch_outside_torchrun_says_so(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--model", "tiny", "--tensor-parallel-size", "2", "generate"])
     assert "run this under torchrun" in capsys.readouterr().err
+
+
+class _Store:
+    """The three calls of a torch.distributed store that the configuration hand-over uses."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        self.data[key] = value
+
+    def wait(self, keys: list[str]) -> None:
+        assert all(k in self.data for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+
+def test_workers_take_rank_0s_configuration_and_check_the_sizes() -> None:
+    from sarathi_rt.engine import EngineConfig
+    from sarathi_rt.engine.distributed.torchrun import _driver_config
+
+    store = _Store()
+    driver = EngineConfig(model="tiny", dtype="bfloat16", block_size=8, seed=7, tensor_parallel_size=2,
+                          pipeline_parallel_size=2)
+    assert _driver_config(store, 0, driver) is driver
+    assert _driver_config(store, 3, EngineConfig(model="tiny", tensor_parallel_size=2,
+                                                 pipeline_parallel_size=2)) == driver
+    with pytest.raises(ValueError, match=r"rank 0 runs .* 2 x 2, rank 1 was started with 4 x 1"):
+        _driver_config(store, 1, EngineConfig(model="tiny", tensor_parallel_size=4))

@@ -2,7 +2,8 @@
 sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT).
 
 Every process is one worker rank (Topology's numbering); world rank 0 also holds the
-engine (scheduler and API) and runs its own stage when a step is submitted. Steps go
+engine (scheduler and API) and runs its own stage when a step is submitted, and its
+EngineConfig is the job's (published in the store when the ranks meet). Steps go
 from rank 0 to every rank, and reports (timings, tokens) from each stage's tensor
 rank 0 back to rank 0, as pickled messages on a gloo group; activations and
 all-reduces use the default group (NCCL on GPUs, gloo on CPUs) as in the spawned mode,
