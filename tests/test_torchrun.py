@@ -1,8 +1,8 @@
 """Two nodes on one machine: two torchrun invocations on 127.0.0.1 (--nnodes 2
 --nproc-per-node 2, gloo) give the single process's greedy tokens with TP=2 x PP=2 and
 with TP=4 over 2 KV heads; `python -m sarathi_rt.launch` runs bench and serve (one HTTP
-completion, then SIGTERM) and every rank exits 0; a worker killed or hung (SIGSTOP) on
-node 1 fails node 0 with an error naming it within the timeout, and every process of the
+completion, then SIGTERM) and every rank exits 0; a worker killed, stopped (SIGSTOP) or
+hung in a step on node 1 fails node 0 with an error naming it within the timeout, and every process of the
 job ends. The other ranks serve with rank 0's engine configuration."""
 from __future__ import annotations
 
