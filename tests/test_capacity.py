@@ -30,6 +30,17 @@ def test_bisection_finds_a_known_threshold() -> None:
     assert never.max_qps == 0.0 and len(never.probes) == 8
 
 
+def test_a_known_ceiling_is_never_probed() -> None:
+    # Capacity 3.7 under a ceiling of 4.5: doubling from 1 would probe 4 then 8.
+    res = find_capacity(lambda q: _summary(0.1 * q / 3.7, 0.0), SLO(0.1), rel_tol=0.01, max_probes=40, qps_max=4.5)
+    assert 3.7 * 0.99 <= res.max_qps <= 3.7
+    assert max(p.qps for p in res.probes) < 4.5
+    above = find_capacity(lambda q: _summary(0.0, 0.0), SLO(0.1), qps_start=8.0, rel_tol=0.01, qps_max=4.5)
+    assert max(p.qps for p in above.probes) < 4.5 and 4.5 * 0.99 <= above.max_qps < 4.5  # the ceiling bounds it
+    with pytest.raises(ValueError, match="qps_max"):
+        find_capacity(lambda q: _summary(0.0, 0.0), SLO(0.1), qps_max=0.0)
+
+
 def test_nan_tbt_counts_as_met() -> None:
     assert SLO(0.1).met_by(_summary(math.nan, 1.0))
     assert not SLO(0.1).met_by(_summary(math.nan, 3.0))

@@ -73,10 +73,11 @@ def test_ttft_limit_and_bad_arguments() -> None:
 
 @pytest.mark.slow
 def test_plan_command_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["plan", "--qps", "4", "--tbt-slo", "0.1", "--gpus-per-node", "2", "--max-gpus", "4",
+    code = main(["plan", "--qps", "2", "--tbt-slo", "0.1", "--gpus-per-node", "1", "--max-gpus", "2",
                  "--policy", "sarathi", "--num-requests", "60", "--top", "1", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and len(out["plans"]) == 1
     plan = out["plans"][0]
-    assert plan["gpus"] == plan["replicas"] * plan["tp"] * plan["pp"] <= 4
-    assert plan["capacity_qps"] * plan["replicas"] >= 4
+    assert plan["gpus"] == plan["replicas"] * plan["tp"] * plan["pp"] <= 2
+    assert plan["capacity_qps"] * plan["replicas"] >= 2
+    assert out["simulated"] + sum(out["pruned"].values()) == 2  # TP 1 x PP 1 and 2

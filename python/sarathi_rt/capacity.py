@@ -49,9 +49,10 @@ class CapacityResult:
 
 def find_capacity(run: Callable[[float], MetricsSummary], slo: SLO, *, policy: str = "",
                   qps_start: float = 1.0, rel_tol: float = 0.02, max_probes: int = 30,
-                  min_qps: float = 1e-3) -> CapacityResult:
+                  min_qps: float = 1e-3, qps_max: float = math.inf) -> CapacityResult:
     """Largest QPS at which `run(qps)` meets `slo`, to within `rel_tol` (relative),
-    using at most `max_probes` runs. Assumes latency does not fall as load rises."""
+    using at most `max_probes` runs. Assumes latency does not fall as load rises.
+    `qps_max`: a rate known to be unsustainable (a throughput ceiling), never probed."""
     if not qps_start > 0:
         raise ValueError(f"qps_start must be > 0, got {qps_start!r}")
     if not 0 < rel_tol < 1:
@@ -66,9 +67,11 @@ def find_capacity(run: Callable[[float], MetricsSummary], slo: SLO, *, policy: s
         result.probes.append(Probe(qps, s.tbt.p99, s.sched_delay.p50, passed))
         return passed
 
-    lo, hi = 0.0, qps_start
-    while len(result.probes) < max_probes and ok(hi):  # grow until a failure brackets it
-        lo, hi = hi, hi * 2
+    if not qps_max > 0:
+        raise ValueError(f"qps_max must be > 0, got {qps_max!r}")
+    lo, hi = 0.0, min(qps_start, qps_max)
+    while len(result.probes) < max_probes and hi < qps_max and ok(hi):  # grow until a failure brackets it
+        lo, hi = hi, min(hi * 2, qps_max)
     if lo == 0.0:  # qps_start failed: shrink until a pass
         while len(result.probes) < max_probes and hi > min_qps:
             if ok(hi / 2):

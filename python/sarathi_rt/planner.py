@@ -4,12 +4,17 @@ target request rate within the SLOs.
 Every (TP, PP, policy, token budget) candidate is first bounded without simulating:
 its weights must fit beside a KV cache, a one-decode step must meet the TBT SLO, and
 the most tokens per second a replica can process (the best n / T(n) of its cost model,
-times PP for a full pipeline) caps its capacity, hence the fewest replicas it can
-need. Candidates are then simulated cheapest bound first (a capacity search per
-candidate), and the search stops once `top` plans are known that no unsimulated
-candidate's bound can beat."""
+times PP for a full pipeline) caps its capacity, and so does Little's law (a running
+request holds a sequence slot and its prompt's KV for at least one pipeline pass per
+output token), hence the fewest replicas it can need. Candidates are then simulated cheapest bound first, and the search stops once
+`top` plans are known that no unsimulated candidate's bound can beat. A candidate's
+capacity per replica does not depend on the target rate: it is searched (10 %
+bisection, never above the ceiling) only when one run at the least rate per replica
+that would enter the list found so far meets the SLO; each rate is simulated once, over
+MIN_SPAN_S first and over the full span only if it passes that."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -23,7 +28,8 @@ from sarathi_rt.workloads import RequestSpec, WorkloadConfig, make_workload
 
 TP_SIZES = (1, 2, 4, 8, 16)  # those the profile has rows for are searched
 BUDGET_TILE = 128
-MIN_SPAN_S = 60.0  # seconds of arrivals per simulated run: a 10 % overload shows by then
+MIN_SPAN_S = 60.0  # seconds of arrivals per simulated run, at least
+LIFETIMES = 4  # ... and at least this many request lifetimes (mean output tokens x the TBT SLO)
 
 
 
@@ -82,7 +88,7 @@ class Candidate:
     policy: str
     token_budget: int
     num_blocks: int
-    max_qps_bound: float  # per replica, from the throughput ceiling
+    max_qps_bound: float  # per replica: the throughput ceiling, or Little's law on sequences or KV
 
     @property
     def gpus_per_replica(self) -> int:
@@ -134,6 +140,10 @@ def plan_deployment(request: PlanRequest, workload: WorkloadConfig,
         else:
             candidates.append(cand)
     candidates.sort(key=lambda c: (c.min_gpus(request.qps), c.gpus_per_replica))
+    # A run must outlast the filling of the KV cache and running set (a few request
+    # lifetimes) before its judged half starts, or a small overload looks sustainable:
+    # at 60 s the capacities came out 7-15 % high, the more so the larger the cache (PP).
+    span = max(MIN_SPAN_S, LIFETIMES * request.slo.tbt_p99 * sum(r.num_decode_tokens for r in specs) / len(specs))
     plans: list[Plan] = []
     simulated = 0
     for i, cand in enumerate(candidates):
@@ -141,7 +151,19 @@ def plan_deployment(request: PlanRequest, workload: WorkloadConfig,
             prune("cannot beat the plans already found", len(candidates) - i)
             break
         simulated += 1
-        capacity = _capacity(request, workload, cand)
+        run = _runner(request, workload, cand, span)
+        start = min(request.qps, cand.max_qps_bound / 2)
+        if len(plans) >= request.top:
+            # To enter the list it must serve the rate with at most the last plan's GPUs:
+            # one run at that rate settles most candidates without a search.
+            need = request.qps / (plans[request.top - 1].gpus // cand.gpus_per_replica)
+            if not request.slo.met_by(run(need)):
+                log(f"TP={cand.tp} PP={cand.pp} {cand.policy} budget={cand.token_budget}: misses the SLO at "
+                    f"{need:.3g} QPS per replica, the least that beats the plans found")
+                continue
+            start = need
+        capacity = find_capacity(run, request.slo, policy=cand.policy, qps_start=start, rel_tol=0.1,
+                                 max_probes=8, qps_max=cand.max_qps_bound).max_qps
         log(f"TP={cand.tp} PP={cand.pp} {cand.policy} budget={cand.token_budget}: {capacity:.3g} QPS "
             f"per replica (ceiling {cand.max_qps_bound:.3g})")
         if capacity <= 0 or math.ceil(request.qps / capacity) * cand.gpus_per_replica > request.max_gpus:
@@ -183,18 +205,28 @@ def _candidates(request: PlanRequest, specs: Sequence[RequestSpec], prune: Calla
             if _pass_time(cost, pp, PlanEntry(0, int(mean_len), 1, False, True)) > request.slo.tbt_p99:
                 prune("one decode step alone exceeds the TBT SLO")
                 continue
+            # Little's law on the running requests: each holds a sequence slot (and at
+            # least its prompt's KV) for one pipeline pass per output token, at least.
+            decoding = [r.num_decode_tokens * _pass_time(cost, pp, PlanEntry(0, r.num_prompt_tokens, 1, False, True))
+                        for r in specs]
+            held = sum(r.num_prompt_tokens * t for r, t in zip(specs, decoding)) / len(specs)
+            kv_bound = num_blocks * request.block_size / held
             for policy in request.policies:
-                for budget in _budgets(request, policy, cost, longest, int(mean_len), prune):
+                for budget in _budgets(request, policy, cost, pp, longest, int(mean_len), prune):
                     ceiling = max(n / _stage_time(cost, pp, n) for n in _tiles(budget)) / mean_len
-                    out.append(Candidate(tp, pp, policy, budget, num_blocks, ceiling))
+                    seqs_bound = min(request.max_num_seqs, budget) * len(specs) / sum(decoding)
+                    out.append(Candidate(tp, pp, policy, budget, num_blocks, min(ceiling, seqs_bound, kv_bound)))
     return out
 
 
-def _budgets(request: PlanRequest, policy: str, cost: VidurCostModel, longest: int, context: int,
+def _budgets(request: PlanRequest, policy: str, cost: VidurCostModel, pp: int, longest: int, context: int,
              prune: Callable[[str], None]) -> list[int]:
     """Unchunked policies batch whole prompts (their cap is the longest request); the
     chunked ones take the given budgets, or the largest tile-aligned step for
-    min(32, max_num_seqs) decodes that meets the TBT SLO."""
+    min(32, max_num_seqs) decodes that meets the TBT SLO. With PP stages a request's
+    next micro-batch also waits for stage 0 to finish the one issued after it (up to a
+    step's 1/PP), so a token's gap is up to (1 + 1/PP) step times: the step gets that
+    share of the SLO (at the full SLO, PP's P99 TBT sits at the limit at any load)."""
     if not get_policy(policy).chunked:
         return [longest]
     if request.token_budgets:
@@ -202,7 +234,8 @@ def _budgets(request: PlanRequest, policy: str, cost: VidurCostModel, longest: i
     counts = list(range(BUDGET_TILE // 4, 8193, BUDGET_TILE // 4))
     profile = profile_cost_model(cost, counts, num_decodes=min(32, request.max_num_seqs), context_len=context)
     try:
-        return [choose_token_budget(profile, request.slo.tbt_p99, BUDGET_TILE).token_budget]
+        tbt = request.slo.tbt_p99 * pp / (pp + 1) if pp > 1 else request.slo.tbt_p99
+        return [choose_token_budget(profile, tbt, BUDGET_TILE).token_budget]
     except ValueError:
         prune(f"no {BUDGET_TILE}-aligned token budget meets the TBT SLO")
         return []
@@ -234,8 +267,9 @@ def _stage_time(cost: VidurCostModel, pp: int, num_tokens: int) -> float:
     return cost.step_time(plan) / pp + (cost.comm_time(num_tokens) if pp > 1 else 0.0)
 
 
-def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -> float:
-    """Simulated QPS one replica of `cand` sustains within the SLO (to 10 %, at most 8 runs)."""
+def _runner(request: PlanRequest, workload: WorkloadConfig, cand: Candidate, span: float
+            ) -> Callable[[float], MetricsSummary]:
+    """One simulated run of a replica of `cand` at a rate (each rate simulated once)."""
     hardware = HARDWARE[request.hardware]
     cost = VidurCostModel(request.profile, num_layers=request.num_layers, tp=cand.tp, hardware=hardware)
     # A prompt's next chunk waits for its previous one to leave the pipeline: each
@@ -246,10 +280,18 @@ def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -
                              max_partial_prefills=cand.pp)
 
     def run(qps: float) -> MetricsSummary:
-        # Arrivals span at least MIN_SPAN_S, and only the later half is judged: the
+        # A rate that fails within MIN_SPAN_S fails the longer run too (capacities only
+        # fell with longer runs): overloaded runs, the costliest to drain, stay short.
+        if span > MIN_SPAN_S and not request.slo.met_by(short := simulated(qps, MIN_SPAN_S)):
+            return short
+        return simulated(qps, span)
+
+    @functools.lru_cache(maxsize=None)
+    def simulated(qps: float, seconds: float) -> MetricsSummary:
+        # Arrivals span at least `seconds`, and only the later half is judged: the
         # first requests meet an empty system, and a queue that grows (a rate above
         # what the replica sustains) needs time to push the median delay past its limit.
-        num_requests = max(workload.num_requests, math.ceil(qps * MIN_SPAN_S))
+        num_requests = max(workload.num_requests, math.ceil(qps * seconds))
         requests = make_workload(replace(workload, qps=qps, num_requests=num_requests))
         run_config = config
         if not get_policy(cand.policy).chunked:  # a longer run may hold a longer request
@@ -258,6 +300,4 @@ def _capacity(request: PlanRequest, workload: WorkloadConfig, cand: Candidate) -
         result = simulate(requests, run_config, cost, pipeline_stages=cand.pp)
         return summarize(result.requests[len(result.requests) // 2:], result.steps)
 
-    start = min(request.qps, cand.max_qps_bound / 2)
-    return find_capacity(run, request.slo, policy=cand.policy, qps_start=start, rel_tol=0.1,
-                         max_probes=8).max_qps
+    return run

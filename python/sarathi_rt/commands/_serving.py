@@ -57,6 +57,10 @@ def add_common_args(p: argparse.ArgumentParser, policies: str, model: str = "cpu
     e.add_argument("--dtype", default="float32")
     e.add_argument("--threads", type=int, default=1,
                    help="CPU threads for torch and the kernels (1 keeps timings steady on a shared machine)")
+    e.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="worker processes per pipeline stage (under torchrun: see python -m sarathi_rt.launch)")
+    e.add_argument("--pipeline-parallel-size", type=int, default=1)
+    e.add_argument("--worker-timeout", type=float, default=300.0, help="seconds a worker may keep a step")
     m = p.add_argument_group("simulator")
     m.add_argument("--simulate", action="store_true", help="use the simulator instead of the engine")
     m.add_argument("--profile", default=None,
@@ -111,6 +115,9 @@ class SimBackend:
     args: argparse.Namespace
 
     def __post_init__(self) -> None:
+        if self.args.tensor_parallel_size != 1 or self.args.pipeline_parallel_size != 1:
+            raise ValueError("--tensor-parallel-size and --pipeline-parallel-size run the engine; the simulator "
+                             "takes --tp and --pipeline-stages")
         path = self.args.profile or data_path(DEFAULT_PROFILE)
         self.max_total_tokens: int | None = None
         self.cost_model: VidurCostModel | ShapeCostModel
@@ -156,7 +163,7 @@ class EngineBackend:
         self.tokenizer = None
 
     def engine(self, policy: str, workload: Sequence[RequestSpec]):  # -> LLMEngine
-        from sarathi_rt.engine import EngineConfig, InProcessExecutor, LLMEngine
+        from sarathi_rt.engine import EngineConfig, LLMEngine
         from sarathi_rt.llm import load_tokenizer
 
         cfg = scheduler_config(self.args, policy, workload, 1)
@@ -164,11 +171,20 @@ class EngineBackend:
                               token_budget=cfg.token_budget, chunk_size=cfg.chunk_size,
                               max_num_seqs=cfg.max_num_seqs, block_size=self.args.block_size,
                               num_kv_blocks=self.num_blocks, tile_size=self.args.tile_size, seed=self.args.seed,
-                              tbt_slo=cfg.tbt_slo)
-        if self._executor is None:
-            self._executor = InProcessExecutor(config)
+                              tbt_slo=cfg.tbt_slo, tensor_parallel_size=self.args.tensor_parallel_size,
+                              pipeline_parallel_size=self.args.pipeline_parallel_size,
+                              worker_timeout=self.args.worker_timeout)
+        if self._executor is None:  # the first engine starts the workers (in-process, spawned or torchrun)
             self.tokenizer = load_tokenizer(self.args.model)
+            engine = LLMEngine(config, tokenizer=self.tokenizer)
+            self._executor = engine.executor
+            return engine
         return LLMEngine(config, executor=self._executor, tokenizer=self.tokenizer)
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        if self._executor is not None:
+            self._executor.shutdown()
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:

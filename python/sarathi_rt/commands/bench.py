@@ -20,8 +20,8 @@ from sarathi_rt.metrics import MetricsSummary, save_requests_csv, save_steps_csv
 from sarathi_rt.slo_metrics import SLOMetrics, slo_metrics
 from sarathi_rt.workloads import make_workload
 
-from ._serving import (REAL_MODEL, EngineBackend, add_common_args, fill_defaults, make_backend, optional_plots,
-                       parse_policies, workload_config)
+from ._serving import (REAL_MODEL, EndpointBackend, EngineBackend, SimBackend, add_common_args, fill_defaults,
+                       make_backend, optional_plots, parse_policies, workload_config)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -44,6 +44,15 @@ def run(args: argparse.Namespace) -> int:
                   token_budget=(32, 512), max_num_seqs=(32, 128))
     policies = ["endpoint"] if args.endpoint else parse_policies(args.policy)
     backend = make_backend(args)
+    try:
+        return _bench(args, policies, backend)
+    finally:
+        if isinstance(backend, EngineBackend):  # stops its worker processes, if any
+            backend.close()
+
+
+def _bench(args: argparse.Namespace, policies: list[str], backend: SimBackend | EngineBackend | EndpointBackend
+           ) -> int:
     workload = make_workload(workload_config(args, args.qps, backend.max_total_tokens))
     os.makedirs(args.out, exist_ok=True)
     mode = "simulator" if args.simulate else f"{args.model} on {args.device}"

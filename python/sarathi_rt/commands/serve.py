@@ -4,6 +4,7 @@ optional extra: pip install 'sarathi_rt[serve]'."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -30,6 +31,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized from free memory")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="worker processes per pipeline stage (across machines: python -m sarathi_rt.launch)")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1)
+    p.add_argument("--worker-timeout", type=float, default=300.0, help="seconds a worker may keep a step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(run=run)
@@ -54,13 +59,30 @@ def run(args: argparse.Namespace) -> int:
         llm = LLM(args.model, device=args.device, dtype=args.dtype, policy=args.policy,
                   token_budget=args.token_budget, chunk_size=args.chunk_size, max_num_seqs=args.max_num_seqs,
                   num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len, seed=args.seed,
-                  tokenizer=args.tokenizer)
+                  tokenizer=args.tokenizer, tensor_parallel_size=args.tensor_parallel_size,
+                  pipeline_parallel_size=args.pipeline_parallel_size, worker_timeout=args.worker_timeout)
         server = OpenAIServer(llm, args.served_model_name or str(args.model), max_waiting=args.max_waiting)
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"sarathi-rt serve: {server.model_name} on http://{args.host}:{args.port}/v1", flush=True)
-    with llm:
-        uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=5)
+    # uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again: _stop turns
+    # that into a normal end, so the engine's workers (on other machines too) are shut
+    # down and the command exits 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop)
+    try:
+        with llm:
+            uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level,
+                        timeout_graceful_shutdown=5)
+    except _Stopped:
+        pass
     return 0
+
+
+class _Stopped(Exception):
+    """A stop signal arrived."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped(signal.Signals(signum).name)

@@ -2,7 +2,8 @@
 sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT).
 
 Every process is one worker rank (Topology's numbering); world rank 0 also holds the
-engine (scheduler and API) and runs its own stage when a step is submitted. Steps go
+engine (scheduler and API) and runs its own stage when a step is submitted, and its
+EngineConfig is the job's (published in the store when the ranks meet). Steps go
 from rank 0 to every rank, and reports (timings, tokens) from each stage's tensor
 rank 0 back to rank 0, as pickled messages on a gloo group; activations and
 all-reduces use the default group (NCCL on GPUs, gloo on CPUs) as in the spawned mode,
@@ -17,6 +18,7 @@ dead peer, the watchdog prints the error and ends the process."""
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import sys
 import threading
@@ -37,16 +39,14 @@ from ..memory import CPU_FRACTION
 from ..step_io import StepInput, StepOutput
 from ..worker import Worker
 from .executor import WorkerError
+from .heartbeat import HEARTBEAT_S, HEARTBEAT_STALE_S, KEY, Beats, beat
 from .messages import BYE, POLL_S, Inbox, Outbox
 from .process import STARTUP_TIMEOUT_S, PipelineStage
 from .topology import Topology
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-HEARTBEAT_S = 0.5
-HEARTBEAT_STALE_S = 6.0
 META_TIMEOUT = timedelta(days=365)  # an idle server's ranks wait for the next step
 EXIT_GRACE_S = 2.0  # a failure seen while rank 0 is inside a collective: wait this long, then exit
-KEY = "sarathi-rt/"
 
 
 def launched_by_torchrun() -> bool:
@@ -102,6 +102,9 @@ def start(config: EngineConfig) -> TorchrunExecutor:
 
 def _join(config: EngineConfig, topo: Topology) -> _Rank:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    timeout = timedelta(seconds=max(config.worker_timeout, STARTUP_TIMEOUT_S))
+    store, rank, world = next(dist.rendezvous("env://", rank, topo.world_size, timeout=timeout))
+    config = _driver_config(store, rank, config)
     if config.device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -109,47 +112,32 @@ def _join(config: EngineConfig, topo: Topology) -> _Rank:
     else:  # the ranks of one node share its cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world()))
         backend = "gloo"
-    timeout = timedelta(seconds=max(config.worker_timeout, STARTUP_TIMEOUT_S))
-    store, rank, world = next(dist.rendezvous("env://", rank, topo.world_size, timeout=timeout))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     store.set(f"{KEY}host/{rank}", f"host {socket.gethostname()} (pid {os.getpid()})")
     # Every rank creates every group, in the same order.
     meta = dist.new_group(backend="gloo", timeout=META_TIMEOUT)
     groups = [dist.new_group(topo.stage_ranks(s)) for s in range(topo.pp)]
-    threading.Thread(target=_beat, args=(store, rank), name="sarathi-rt-heartbeat", daemon=True).start()
+    threading.Thread(target=beat, args=(store, rank), name="sarathi-rt-heartbeat", daemon=True).start()
     return _Rank(rank, topo, config, store, meta, groups)
+
+
+def _driver_config(store: Any, rank: int, config: EngineConfig) -> EngineConfig:
+    """Rank 0's configuration is the job's: it publishes it, every other rank serves with
+    it (dtype, block size, seed, ... need not be repeated on their command lines)."""
+    if rank == 0:
+        store.set(f"{KEY}config", pickle.dumps(config))
+        return config
+    store.wait([f"{KEY}config"])
+    driver = pickle.loads(store.get(f"{KEY}config"))
+    mine = (config.tensor_parallel_size, config.pipeline_parallel_size)
+    if (driver.tensor_parallel_size, driver.pipeline_parallel_size) != mine:
+        raise ValueError(f"rank 0 runs tensor_parallel_size x pipeline_parallel_size = {driver.tensor_parallel_size} "
+                         f"x {driver.pipeline_parallel_size}, rank {rank} was started with {mine[0]} x {mine[1]}")
+    return driver
 
 
 def _local_world() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
-
-def _beat(store: Any, rank: int) -> None:
-    while True:
-        try:
-            store.add(f"{KEY}beat/{rank}", 1)
-        except Exception:  # the store went away with rank 0's node: the watchdogs act
-            return
-        time.sleep(HEARTBEAT_S)
-
-
-class _Beats:
-    """Which ranks' heartbeats have not moved for `stale` seconds of this clock."""
-
-    def __init__(self, store: Any, ranks: list[int], stale: float) -> None:
-        self.store, self.stale = store, stale
-        now = time.monotonic()
-        self.last = {r: (-1, now) for r in ranks}
-
-    def stopped(self) -> list[int]:
-        now, out = time.monotonic(), []
-        for rank, (count, since) in self.last.items():
-            beat = self.store.add(f"{KEY}beat/{rank}", 0)
-            if beat != count:
-                self.last[rank] = (beat, now)
-            elif now - since > self.stale:
-                out.append(rank)
-        return out
 
 
 def _stage(me: _Rank) -> PipelineStage:
@@ -185,7 +173,7 @@ def _serve(me: _Rank, stopping: threading.Event) -> None:
 
 def _watch_driver(me: _Rank, stopping: threading.Event) -> None:
     """End this worker when the driver stops the job or stops beating."""
-    beats = _Beats(me.store, [0], min(HEARTBEAT_STALE_S, me.config.worker_timeout))
+    beats = Beats(me.store, [0], min(HEARTBEAT_STALE_S, me.config.worker_timeout))
     while not stopping.wait(HEARTBEAT_S):
         try:
             reason = me.store.get(f"{KEY}stop").decode() if me.store.check([f"{KEY}stop"]) else None
@@ -243,9 +231,15 @@ class TorchrunExecutor:
         self._check()
         for r in range(1, self.topology.world_size):
             self._outbox.send(step, r)
+        # A tensor peer whose main thread hangs (its heartbeat still beats) holds this
+        # rank in a collective: the step's deadline names the stage's other ranks.
+        peers = self.topology.stage_ranks(0)[1:]
+        self._deadline = (time.monotonic() + self._timeout, f"step {step.step}", peers) if peers else None
         self._in_stage = True
-        self._local[step.step] = self._stage.run(step, received=time.perf_counter())
-        self._in_stage = False
+        try:
+            self._local[step.step] = self._stage.run(step, received=time.perf_counter())
+        finally:
+            self._in_stage, self._deadline = False, None
         self._order.append(step.step)
 
     def collect(self) -> StepOutput:
@@ -256,7 +250,7 @@ class TorchrunExecutor:
         stages = [self._local[step]]
         del self._local[step]
         for s in range(1, self.topology.pp):
-            stages.append(self._recv(self.topology.stage_ranks(s)[0], f"step {step}", self._timeout))
+            stages.append(self._recv(self.topology.stage_ranks(s), f"step {step}", self._timeout))
         out = stages[-1][1]
         if out is None or out.step != step:
             self._fail(f"the last pipeline stage returned no tokens for step {step}")
@@ -276,8 +270,12 @@ class TorchrunExecutor:
         if self._failure is not None:
             self._fail(self._failure)
 
-    def _recv(self, src: int, what: str, timeout: float) -> Any:
-        self._deadline = (time.monotonic() + max(timeout, self._timeout), what, [src])
+    def _recv(self, ranks: int | list[int], what: str, timeout: float) -> Any:
+        """The next message of `ranks`' first rank; a hang in any of them (a stage's
+        report waits for all of its tensor ranks) is named after `timeout`."""
+        ranks = [ranks] if isinstance(ranks, int) else ranks
+        src = ranks[0]
+        self._deadline = (time.monotonic() + max(timeout, self._timeout), what, ranks)
         try:
             return self._inboxes[src].get(self._check)
         except WorkerError:
@@ -302,7 +300,7 @@ class TorchrunExecutor:
         """Turn failed, silent or late ranks into self._failure; leave the process if the
         main thread is stuck in a collective with them."""
         me = self.me
-        beats = _Beats(me.store, list(range(1, me.topo.world_size)), min(HEARTBEAT_STALE_S, self._timeout))
+        beats = Beats(me.store, list(range(1, me.topo.world_size)), min(HEARTBEAT_STALE_S, self._timeout))
         while not self._closed:
             time.sleep(HEARTBEAT_S)
             try:
@@ -320,7 +318,7 @@ class TorchrunExecutor:
                     os._exit(1)
             return
 
-    def _diagnose(self, beats: _Beats) -> str | None:
+    def _diagnose(self, beats: Beats) -> str | None:
         me, stopped = self.me, beats.stopped()
         if me.store.add(f"{KEY}failed", 0):
             # A peer's death often surfaces first as a communication error in another
@@ -341,8 +339,9 @@ class TorchrunExecutor:
             return _silent(me, stopped, beats.stale)
         if self._deadline is not None and time.monotonic() > self._deadline[0]:
             _, what, ranks = self._deadline
-            return (f"no answer from worker {', '.join(me.describe(r) for r in ranks)} within "
-                    f"worker_timeout={self._timeout:g}s while {what}: the worker is hung or too slow")
+            who = ", ".join(me.describe(r) for r in ranks)
+            return (f"no answer within worker_timeout={self._timeout:g}s while {what} from worker {who}: "
+                    f"{'it is' if len(ranks) == 1 else 'one of them is'} hung or too slow")
         return None
 
 
