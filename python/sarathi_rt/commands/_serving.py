@@ -132,6 +132,9 @@ class SimBackend:
         self.num_blocks = self.args.num_blocks or self.cost_model.kv_cache_blocks(
             self.args.block_size, pipeline_stages=self.args.pipeline_stages)
 
+    def close(self) -> None:
+        """Nothing runs between calls (every backend has close())."""
+
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
         cfg = scheduler_config(self.args, policy, workload, self.num_blocks)
@@ -211,6 +214,9 @@ class EndpointBackend:
         info = server_model(self.endpoint)
         self.model = str(info["id"])
         self.max_total_tokens: int | None = info.get("max_model_len")
+
+    def close(self) -> None:
+        """The server is not ours to stop."""
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:

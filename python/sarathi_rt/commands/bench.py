@@ -47,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _bench(args, policies, backend)
     finally:
-        if isinstance(backend, EngineBackend):  # stops its worker processes, if any
-            backend.close()
+        backend.close()  # stops the engine's worker processes, if any
 
 
 def _bench(args: argparse.Namespace, policies: list[str], backend: SimBackend | EngineBackend | EndpointBackend

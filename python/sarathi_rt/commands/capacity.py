@@ -37,6 +37,13 @@ def run(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policy)
     slo = SLO(args.tbt_slo, args.max_sched_delay)
     backend = make_backend(args)
+    try:
+        return _capacity(args, policies, slo, backend)
+    finally:
+        backend.close()  # stops the engine's worker processes, if any
+
+
+def _capacity(args: argparse.Namespace, policies: list[str], slo: SLO, backend: SimBackend | EngineBackend) -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.token_budget is None:  # the SLO-derived static budget (adaptive got its cap above)
         args.token_budget = _slo_budget(args, backend)

@@ -35,6 +35,13 @@ def run(args: argparse.Namespace) -> int:
                   max_num_seqs=(32, 128))
     policies = parse_policies(args.policy)
     backend = EngineBackend(args)
+    try:
+        return _profile(args, policies, backend)
+    finally:
+        backend.close()  # stops the engine's worker processes, if any
+
+
+def _profile(args: argparse.Namespace, policies: list[str], backend: EngineBackend) -> int:
     workload = make_workload(workload_config(args, args.qps, backend.max_total_tokens))
     context = round(statistics.mean(r.num_prompt_tokens + r.num_decode_tokens / 2 for r in workload))
     # The largest chunk any of the policies runs: vllm and orca prefill whole prompts.
