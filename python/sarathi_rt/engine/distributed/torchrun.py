@@ -95,7 +95,12 @@ def start(config: EngineConfig) -> TorchrunExecutor:
         me.store.set(f"{KEY}error/{me.rank}", traceback.format_exc())
         me.store.add(f"{KEY}failed", 1)
         print(f"sarathi-rt worker {me.describe(me.rank)} failed:\n{traceback.format_exc()}", file=sys.stderr)
-        os._exit(1)  # a peer may still hold this process in a collective
+        # Leave only once rank 0 has named the cause: on rank 0's node, this process's exit
+        # makes torchrun stop rank 0 at once. A peer's death often surfaces here first, as
+        # a broken connection, and rank 0 needs up to a heartbeat's staleness to see which
+        # rank fell silent. Its stop key ends this process (the watchdog thread) sooner.
+        time.sleep(2 * HEARTBEAT_STALE_S + HEARTBEAT_S)
+        os._exit(1)  # os._exit: a peer may still hold this process in a collective
     dist.destroy_process_group()
     sys.exit(0)
 
