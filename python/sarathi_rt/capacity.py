@@ -59,6 +59,8 @@ def find_capacity(run: Callable[[float], MetricsSummary], slo: SLO, *, policy: s
         raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
     if not isinstance(max_probes, int) or max_probes < 2:
         raise ValueError(f"max_probes must be an int >= 2, got {max_probes!r}")
+    if not qps_max > 0:
+        raise ValueError(f"qps_max must be > 0, got {qps_max!r}")
     result = CapacityResult(policy, 0.0)
 
     def ok(qps: float) -> bool:
@@ -67,8 +69,6 @@ def find_capacity(run: Callable[[float], MetricsSummary], slo: SLO, *, policy: s
         result.probes.append(Probe(qps, s.tbt.p99, s.sched_delay.p50, passed))
         return passed
 
-    if not qps_max > 0:
-        raise ValueError(f"qps_max must be > 0, got {qps_max!r}")
     lo, hi = 0.0, min(qps_start, qps_max)
     while len(result.probes) < max_probes and hi < qps_max and ok(hi):  # grow until a failure brackets it
         lo, hi = hi, min(hi * 2, qps_max)
