@@ -71,6 +71,8 @@ def test_two_nodes_match_one_process(reference, tp: int, pp: int) -> None:
     assert tokens is not None, out0
     assert json.loads(tokens.group(1)) == reference
     assert "TOKENS" not in out1  # only world rank 0 drives
+    # Every rank ended its heartbeat and watchdog threads before exiting.
+    assert sorted(re.findall(r"THREADS rank (\d): \[\]", out0 + out1)) == ["0", "1", "2", "3"], out0 + out1
 
 
 def _alive(pid: int) -> bool:

@@ -1,13 +1,17 @@
 """Run by tests/test_torchrun.py on every rank of a two-node torchrun job (not a test):
-    torchrun_job.py generate TP PP   greedy tokens of PROMPTS on rank 0, as JSON
+    torchrun_job.py generate TP PP   greedy tokens of PROMPTS on rank 0, as JSON; at exit, every
+                                     rank prints the package's threads still alive (none may be:
+                                     one inside a store call aborts the interpreter's exit)
     torchrun_job.py forever TP PP    print each rank's host and pid, then keep generating
     torchrun_job.py hang TP PP       as forever, but the last rank's main thread hangs in its
                                      third step (its heartbeat thread keeps beating)"""
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
+import threading
 import time
 
 from sarathi_rt import LLM, SamplingParams
@@ -31,7 +35,14 @@ def hang_in_third_step() -> None:
     PipelineStage.run = hanging
 
 
+def print_live_threads() -> None:
+    names = [t.name for t in threading.enumerate() if t.name.startswith("sarathi-rt")]
+    print(f"THREADS rank {os.environ['RANK']}: {json.dumps(names)}", flush=True)
+
+
 def main(mode: str, tp: int, pp: int) -> None:
+    if mode == "generate":
+        atexit.register(print_live_threads)
     if mode == "hang" and int(os.environ["RANK"]) == tp * pp - 1:
         hang_in_third_step()
     with LLM("tiny", tensor_parallel_size=tp, pipeline_parallel_size=pp, worker_timeout=15, **ENGINE) as llm:

@@ -38,16 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         torchrun.start(EngineConfig(model=args.model, tensor_parallel_size=args.tensor_parallel_size,
                                     pipeline_parallel_size=args.pipeline_parallel_size,
                                     worker_timeout=args.worker_timeout))
-    code = cli.main([args.command, "--model", args.model, "--tensor-parallel-size", str(args.tensor_parallel_size),
+    return cli.main([args.command, "--model", args.model, "--tensor-parallel-size", str(args.tensor_parallel_size),
                      "--pipeline-parallel-size", str(args.pipeline_parallel_size),
                      "--worker-timeout", str(args.worker_timeout), *rest])
-    # The command is done and has stopped the workers. Rank 0 also hosts the job's store,
-    # and torch.distributed's teardown at interpreter exit could wait on ranks that are
-    # leaving at the same time (seen as rank 0 never exiting after `bench` or `serve` had
-    # finished, about one run in four); there is nothing left to clean up, so end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from ..memory import CPU_FRACTION
 from ..step_io import StepInput, StepOutput
 from ..worker import Worker
 from .executor import WorkerError
-from .heartbeat import HEARTBEAT_S, HEARTBEAT_STALE_S, KEY, Beats, beat
+from .heartbeat import HEARTBEAT_S, HEARTBEAT_STALE_S, KEY, Beats, Heartbeat
 from .messages import BYE, POLL_S, Inbox, Outbox
 from .process import STARTUP_TIMEOUT_S, PipelineStage
 from .topology import Topology
@@ -63,6 +63,7 @@ class _Rank:
     store: Any
     meta: Any  # gloo group for the pickled messages
     groups: list[Any]  # tensor-parallel group of each stage
+    heartbeat: Heartbeat
 
     def host(self, rank: int) -> str:
         try:
@@ -88,7 +89,8 @@ def start(config: EngineConfig) -> TorchrunExecutor:
     if me.rank == 0:
         return TorchrunExecutor(me)
     stopping = threading.Event()
-    threading.Thread(target=_watch_driver, args=(me, stopping), name="sarathi-rt-watchdog", daemon=True).start()
+    watchdog = threading.Thread(target=_watch_driver, args=(me, stopping), name="sarathi-rt-watchdog", daemon=True)
+    watchdog.start()
     try:
         _serve(me, stopping)
     except BaseException:
@@ -101,6 +103,7 @@ def start(config: EngineConfig) -> TorchrunExecutor:
         # rank fell silent. Its stop key ends this process (the watchdog thread) sooner.
         time.sleep(2 * HEARTBEAT_STALE_S + HEARTBEAT_S)
         os._exit(1)  # os._exit: a peer may still hold this process in a collective
+    _end_threads(me, watchdog)
     dist.destroy_process_group()
     sys.exit(0)
 
@@ -122,8 +125,7 @@ def _join(config: EngineConfig, topo: Topology) -> _Rank:
     # Every rank creates every group, in the same order.
     meta = dist.new_group(backend="gloo", timeout=META_TIMEOUT)
     groups = [dist.new_group(topo.stage_ranks(s)) for s in range(topo.pp)]
-    threading.Thread(target=beat, args=(store, rank), name="sarathi-rt-heartbeat", daemon=True).start()
-    return _Rank(rank, topo, config, store, meta, groups)
+    return _Rank(rank, topo, config, store, meta, groups, Heartbeat(store, rank))
 
 
 def _driver_config(store: Any, rank: int, config: EngineConfig) -> EngineConfig:
@@ -205,12 +207,13 @@ class TorchrunExecutor:
         self._local: dict[int, tuple[Any, StepOutput | None]] = {}
         self._order: list[int] = []
         self._failure: str | None = None
-        self._closed = False
+        self._closed = threading.Event()  # set once: shut down or failed
         self._deadline: tuple[float, str, list[int]] | None = None  # (when, while doing what, awaited ranks)
         self._in_stage = False
         self._watchdog = threading.Thread(target=self._watch, name="sarathi-rt-watchdog", daemon=True)
         self._watchdog.start()
-        self._finalizer = weakref.finalize(self, _stop_workers, me, self._outbox, self._inboxes, None)
+        self._finalizer = weakref.finalize(self, _stop_workers, me, self._outbox, self._inboxes, None,
+                                           self._closed, self._watchdog)
         others = list(range(1, me.topo.world_size))
         try:
             self._stage = _stage(me)
@@ -263,14 +266,14 @@ class TorchrunExecutor:
         return out
 
     def shutdown(self) -> None:
-        if not self._closed:
-            self._closed = True
+        if not self._closed.is_set():
+            self._closed.set()
             self._failure = self._failure or "shutdown() was called"
             self._finalizer()
 
     # ------------------------------------------------------------ internals
     def _check(self) -> None:
-        if self._closed:
+        if self._closed.is_set():
             raise WorkerError(f"the workers are shut down ({self._failure})")
         if self._failure is not None:
             self._fail(self._failure)
@@ -296,9 +299,9 @@ class TorchrunExecutor:
 
     def _fail(self, message: str) -> None:
         self._failure = message
-        self._closed = True
+        self._closed.set()
         self._finalizer.detach()
-        _stop_workers(self.me, self._outbox, self._inboxes, message)
+        _stop_workers(self.me, self._outbox, self._inboxes, message, self._closed, self._watchdog)
         raise WorkerError(f"{message}; all workers were stopped")
 
     def _watch(self) -> None:
@@ -306,19 +309,18 @@ class TorchrunExecutor:
         main thread is stuck in a collective with them."""
         me = self.me
         beats = Beats(me.store, list(range(1, me.topo.world_size)), min(HEARTBEAT_STALE_S, self._timeout))
-        while not self._closed:
-            time.sleep(HEARTBEAT_S)
+        while not self._closed.wait(HEARTBEAT_S):
             try:
                 failure = self._diagnose(beats)
             except Exception as exc:  # the store is on this node: only a teardown gets here
                 failure = f"the job's store failed ({exc})"
-            if failure is None or self._closed:
+            if failure is None or self._closed.is_set():
                 continue
             self._failure = failure
             if self._in_stage:  # the main thread cannot raise: wait a little, then leave
                 time.sleep(EXIT_GRACE_S)
                 if self._in_stage:
-                    _stop_workers(me, self._outbox, self._inboxes, failure)
+                    _stop_workers(me, self._outbox, self._inboxes, failure, self._closed, self._watchdog)
                     print(f"sarathi-rt: {failure}; all workers were stopped", file=sys.stderr, flush=True)
                     os._exit(1)
             return
@@ -355,9 +357,11 @@ def _silent(me: _Rank, ranks: list[int], stale: float) -> str:
             f"{stale:g}s: the process died, hangs or its host is unreachable)")
 
 
-def _stop_workers(me: _Rank, outbox: Outbox, inboxes: dict[int, Inbox], failure: str | None) -> None:
+def _stop_workers(me: _Rank, outbox: Outbox, inboxes: dict[int, Inbox], failure: str | None,
+                  closed: threading.Event, watchdog: threading.Thread) -> None:
     """A clean end sends every rank None and waits for their BYE; a failure sets the
-    stop key that their watchdogs read."""
+    stop key that their watchdogs read. Then this rank's own threads end."""
+    closed.set()
     try:
         if failure is not None:
             me.store.set(f"{KEY}stop", failure)
@@ -372,3 +376,13 @@ def _stop_workers(me: _Rank, outbox: Outbox, inboxes: dict[int, Inbox], failure:
             dist.destroy_process_group()
     except Exception:  # a teardown after a failure: the workers' watchdogs end them
         pass
+    finally:
+        _end_threads(me, watchdog)
+
+
+def _end_threads(me: _Rank, watchdog: threading.Thread) -> None:
+    """Stop this rank's heartbeat and wait for its watchdog, which has been told to stop:
+    neither may be inside a store call when the interpreter ends (see heartbeat.py)."""
+    me.heartbeat.stop()
+    if watchdog is not threading.current_thread():
+        watchdog.join(HEARTBEAT_STALE_S + 2 * HEARTBEAT_S)
