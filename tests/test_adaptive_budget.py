@@ -175,6 +175,7 @@ def test_adaptive_budget_config_errors() -> None:
         create_scheduler(SchedulerConfig(tbt_slo=0.1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("online", [False, True])
 def test_adaptive_simulation_meets_the_slo(online: bool) -> None:
     """ShareGPT on the A100 profile at a load where a 2048 budget breaks 100 ms: the
@@ -260,6 +261,7 @@ def test_online_guard_scales_with_the_step_and_follows_a_change_of_mix() -> None
     assert sum(noisier[10:]) <= 2
 
 
+@pytest.mark.slow
 def test_engine_with_tbt_slo_learns_its_steps() -> None:
     from sarathi_rt import LLM, SamplingParams
 
@@ -298,6 +300,7 @@ def test_adaptive_budget_with_pipeline_stages_sizes_each_micro_batch() -> None:
     assert max(s.num_tokens for s in res.steps) > 512
 
 
+@pytest.mark.slow
 def test_engine_adaptive_budget_learns_micro_batches_of_a_pipeline() -> None:
     """With two micro-batches in flight the online model learns each one's time from its
     submission to its output (what its requests wait for their next token)."""

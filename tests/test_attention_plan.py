@@ -160,6 +160,7 @@ def _run_plan_float64(plan: ops.AttentionPlan, batch, scale: float) -> torch.Ten
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grid", list(GRIDS))
 @pytest.mark.parametrize("group", [1, 8])
 def test_float64_model_of_the_planned_kernel_matches_the_reference(grid: str, group: int) -> None:
@@ -172,6 +173,7 @@ def test_float64_model_of_the_planned_kernel_matches_the_reference(grid: str, gr
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", list(KERNELS))
 def test_float64_model_covers_skewed_splits(kernel: str) -> None:
     """The balanced splits of long contexts among short ones, wide tiles split on CUDA, and
@@ -192,6 +194,7 @@ def test_float64_model_covers_skewed_splits(kernel: str) -> None:
 FULLY_MASKED = [("cuda", [(4, 1282), (1, 30)], 64), ("cpu", [(2, 17409), (1, 30)], 64)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel, lengths, num_ctas", FULLY_MASKED, ids=[c[0] for c in FULLY_MASKED])
 def test_float64_model_covers_rows_fully_masked_in_a_split_piece(kernel: str, lengths, num_ctas: int) -> None:
     batch = make_batch(lengths, group=4, head_dim=8, num_kv_heads=2)

@@ -46,6 +46,7 @@ def test_nan_tbt_counts_as_met() -> None:
     assert not SLO(0.1).met_by(_summary(math.nan, 3.0))
 
 
+@pytest.mark.slow
 def test_simulated_capacity_toy_known_answer() -> None:
     # One request at a time (max_num_seqs=1), 10 steps of 0.1 s each: service rate is
     # exactly 1 QPS. With evenly spaced arrivals at q > 1 QPS request i waits
@@ -73,6 +74,7 @@ def test_bad_slo() -> None:
         SLO(0.1, float("nan"))
 
 
+@pytest.mark.slow
 def test_capacity_command_on_the_simulator(tmp_path) -> None:
     from sarathi_rt.cli import main
 

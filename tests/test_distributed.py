@@ -139,6 +139,7 @@ def test_hung_worker_times_out(checkpoint, prompts) -> None:
     assert _gone(pids)
 
 
+@pytest.mark.slow
 def test_hung_tensor_rank_is_named(checkpoint, prompts) -> None:
     """Tensor rank 0 waits on rank 1 inside the all-reduce: the hung rank is the one that
     never began the step, and the LLM API takes worker_timeout."""
@@ -161,6 +162,7 @@ def test_hung_tensor_rank_is_named(checkpoint, prompts) -> None:
     assert _gone(pids)
 
 
+@pytest.mark.slow
 def test_abort_in_flight_and_reuse_the_id(checkpoint, prompts, reference) -> None:
     """With two micro-batches in flight, a request aborted and re-added under the same id
     gets none of the old request's tokens."""

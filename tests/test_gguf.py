@@ -86,6 +86,7 @@ def test_qwen2_with_biases_and_no_permutation(tmp_path) -> None:
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow
 def test_greedy_equals_transformers_on_the_same_weights(q4_1) -> None:
     path, _, hf = q4_1
     llm = LLM(str(path), num_kv_blocks=32, block_size=8, chunk_size=16, token_budget=32, max_num_seqs=8)

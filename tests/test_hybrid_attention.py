@@ -64,6 +64,7 @@ def test_head_dims_up_to_256(head_dim: int) -> None:
     assert_matches_reference(batch, batch.run())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_long_context_decode(dtype: torch.dtype) -> None:
     batch = make_batch([(1, 32768), (1, 3)], num_kv_heads=1, head_dim=128, dtype=dtype)

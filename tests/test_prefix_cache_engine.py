@@ -24,6 +24,7 @@ def _run(on: bool, batches: list[list[list[int]]], **kw) -> tuple[LLM, list]:
     return llm, [llm.generate(b, PARAMS) for b in batches]
 
 
+@pytest.mark.slow
 def test_outputs_are_bit_identical_with_the_cache_on_and_off() -> None:
     warm = _prompts(0, [100, 16, 40])
     # three prompts sharing 100 tokens, admitted in the first step, read the same blocks;
@@ -46,6 +47,7 @@ def test_outputs_are_bit_identical_with_the_cache_on_and_off() -> None:
     assert llm_off.engine.prefix_cache_stats().queries == 0
 
 
+@pytest.mark.slow
 def test_eviction_keeps_outputs_identical() -> None:
     batches = [_prompts(1, [100, 60, 100, 40]), _prompts(2, [100, 70, 100, 7], text=OTHER),
                _prompts(3, [100, 60, 100, 40])]

@@ -216,6 +216,7 @@ def test_models_health_and_metrics(served) -> None:
     assert m["sarathi_rt_kv_blocks_total"] == 256 and m["sarathi_rt_requests_waiting"] == 0
 
 
+@pytest.mark.slow
 def test_bench_replays_a_workload_against_the_endpoint(served, tmp_path, capsys) -> None:
     from sarathi_rt.cli import main
     from sarathi_rt.metrics import load_requests_csv
