@@ -55,3 +55,19 @@ def test_opcheck(case: str) -> None:
                              ops.rope_cos_sin_cache(16, 32, 10000.0)),
     }[case]
     torch.library.opcheck(getattr(torch.ops.sarathi_rt, case), args, test_utils=OPCHECK_UTILS)
+
+
+def test_the_layers_kernels_are_the_registered_ops() -> None:
+    """The model's layers call KERNELS.<name> (no dispatcher): the same Python kernel as
+    torch.ops.sarathi_rt.<name>, with the same result."""
+    from sarathi_rt.ops._registry import KERNELS
+
+    names = sorted(vars(KERNELS))
+    assert names == sorted(["write_kv", "hybrid_attention_out", "hybrid_attention_planned_out", "rms_norm_out",
+                            "silu_and_mul_out", "rotary_embedding", "linear_out"])
+    assert all(isinstance(getattr(torch.ops.sarathi_rt, n), torch._ops.OpOverloadPacket) for n in names)
+    x, weight = torch.randn(6, 32), torch.rand(32)
+    outs = [torch.empty_like(x), torch.empty_like(x)]
+    KERNELS.rms_norm_out(x, None, weight, 1e-6, outs[0], None)
+    torch.ops.sarathi_rt.rms_norm_out(x, None, weight, 1e-6, outs[1], None)
+    assert torch.equal(outs[0], outs[1])

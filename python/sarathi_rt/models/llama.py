@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from sarathi_rt import ops
+from sarathi_rt.ops._registry import KERNELS
 from sarathi_rt.ops.attention import run_attention
 from sarathi_rt.ops.linear import apply_linear
 from sarathi_rt.kv_cache import KVCache
@@ -40,10 +41,10 @@ class RMSNorm(nn.Module):
         """x [tokens, hidden]; with `residual`, also returns x + residual."""
         out = torch.empty_like(x)
         if residual is None:
-            torch.ops.sarathi_rt.rms_norm_out(x, None, self.weight, self.eps, out, None)
+            KERNELS.rms_norm_out(x, None, self.weight, self.eps, out, None)
             return out
         new_residual = torch.empty_like(x)
-        torch.ops.sarathi_rt.rms_norm_out(x, residual, self.weight, self.eps, out, new_residual)
+        KERNELS.rms_norm_out(x, residual, self.weight, self.eps, out, new_residual)
         return out, new_residual
 
 
@@ -86,9 +87,9 @@ class Attention(nn.Module):
         q = qkv[:, :self.q_size].view(tokens, self.num_heads, self.head_dim)
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, self.num_kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
-        torch.ops.sarathi_rt.rotary_embedding(ctx.positions, q, k, cos_sin)
+        KERNELS.rotary_embedding(ctx.positions, q, k, cos_sin)
         # The slots come from the engine's own block tables: no per-layer wait on the GPU.
-        torch.ops.sarathi_rt.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, sync_check=False)
+        KERNELS.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, sync_check=False)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         run_attention(ctx.attention_plan, q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seqlens_k,
                       ctx.block_tables, self.scale, out)
@@ -106,7 +107,7 @@ class MLP(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(hidden)
         activated = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype, device=gate_up.device)
-        torch.ops.sarathi_rt.silu_and_mul_out(gate_up, activated)
+        KERNELS.silu_and_mul_out(gate_up, activated)
         return self.down_proj(activated)
 
 

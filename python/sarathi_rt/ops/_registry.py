@@ -5,14 +5,20 @@ Every op here only writes into tensors it is given (mutates_args) and returns No
 fake implementation has nothing to compute. The kernels are registered straight for the
 CPU and CUDA dispatch keys rather than through torch.library.custom_op: that skips its
 autograd and view-tracking Python layers on every call, and its lazy import of
-torch._dynamo on a process's first call (a second or more, paid again by every worker)."""
+torch._dynamo on a process's first call (a second or more, paid again by every worker).
+
+The public ops call torch.ops.sarathi_rt.<name>. The engine's model layers call the same
+Python kernels through KERNELS, which skips the dispatcher: its round trip costs ~10 us a
+call on the CPU, 13 calls a step on a 2-layer model, about a sixth of a small step."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
 
 _LIB = torch.library.Library("sarathi_rt", "DEF")
+KERNELS = SimpleNamespace()  # KERNELS.<name> is what torch.ops.sarathi_rt.<name> runs
 
 
 def _no_output(*args: object, **kwargs: object) -> None:
@@ -21,9 +27,11 @@ def _no_output(*args: object, **kwargs: object) -> None:
 
 def native_op(name: str, mutates_args: tuple[str, ...]) -> Callable[[Callable[..., None]], object]:
     """`@native_op("write_kv", mutates_args=("k_cache", "v_cache"))` defines
-    torch.ops.sarathi_rt.write_kv from a typed Python function and returns that op."""
+    torch.ops.sarathi_rt.write_kv from a typed Python function, puts the function in
+    KERNELS and returns the op."""
 
     def register(fn: Callable[..., None]) -> object:
+        setattr(KERNELS, name, fn)
         _LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
         for dispatch_key in ("CPU", "CUDA"):
             _LIB.impl(name, fn, dispatch_key)

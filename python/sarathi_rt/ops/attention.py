@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
-from sarathi_rt.ops._registry import native_op
+from sarathi_rt.ops._registry import KERNELS, native_op
 from sarathi_rt.ops.plan import AttentionPlan, plan_attention
 
 _FLOATS = tuple(DTYPE_CODES)
@@ -111,7 +112,7 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if not isinstance(plan, AttentionPlan):
             raise TypeError(f"plan must be an AttentionPlan, got {type(plan).__name__}")
         plan.check_matches(q, k, seqlens_k, block_tables)
-        run_attention(plan, q, k, v, cu_seqlens_q, seqlens_k, block_tables, scale, out)
+        run_attention(plan, q, k, v, cu_seqlens_q, seqlens_k, block_tables, scale, out, kernels=torch.ops.sarathi_rt)
     else:
         torch.ops.sarathi_rt.hybrid_attention_out(q, k, v, cu_seqlens_q, seqlens_k, block_tables, _NO_PLAN,
                                                   _NO_CAPACITY, scale, out)
@@ -120,17 +121,17 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 def run_attention(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                  out: torch.Tensor) -> None:
+                  out: torch.Tensor, *, kernels: Any = KERNELS) -> None:
     """The per-layer launch of a planned step (flashinfer's run after plan): it trusts
     that the step's tensors were checked when `plan` was built for them, and checks
-    nothing itself. `hybrid_attention` is the checked entry point."""
+    nothing itself. `hybrid_attention` is the checked entry point; it launches through
+    the dispatcher (kernels=torch.ops.sarathi_rt), the model's layers without it."""
     if plan.kernel == "cuda":
-        torch.ops.sarathi_rt.hybrid_attention_planned_out(q, k_cache, v_cache, block_tables, plan.buffer,
-                                                          plan.partial_out, plan.partial_lse,
-                                                          plan.capacity.as_list(), scale, out)
+        kernels.hybrid_attention_planned_out(q, k_cache, v_cache, block_tables, plan.buffer, plan.partial_out,
+                                             plan.partial_lse, plan.capacity.as_list(), scale, out)
     else:
-        torch.ops.sarathi_rt.hybrid_attention_out(q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_tables,
-                                                  plan.buffer, plan.capacity.as_list(), scale, out)
+        kernels.hybrid_attention_out(q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_tables, plan.buffer,
+                                     plan.capacity.as_list(), scale, out)
 
 
 def _check_aligned(name: str, t: torch.Tensor) -> None:

@@ -21,11 +21,13 @@ kernel in slices of GEMM_SMALL_M rows, whose per-row reduction order is fixed.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
-from sarathi_rt.ops._registry import native_op
+from sarathi_rt.ops._registry import KERNELS, native_op
 from sarathi_rt.ops.gemm_plan import gemm_plan
 
 _FLOATS = tuple(DTYPE_CODES)
@@ -68,28 +70,30 @@ def _cutlass_can_run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K].T (+ bias [N]) -> [..., N], accumulating in float32."""
     _check_linear_args(x, weight, bias)
-    return apply_linear(x, weight, bias)
+    return apply_linear(x, weight, bias, kernels=torch.ops.sarathi_rt)
 
 
-def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 kernels: Any = KERNELS) -> torch.Tensor:
     """`linear` without its argument checks, for the model's layers: their weights'
     shapes, dtype and device are fixed when the model is built, and the activations are
-    the previous layer's output."""
+    the previous layer's output. `linear` launches through the dispatcher
+    (kernels=torch.ops.sarathi_rt), the layers without it."""
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     if x.device.type == "cpu":
-        return _cpu_linear(x2, weight, bias).view(*x.shape[:-1], n)
+        return _cpu_linear(x2, weight, bias, kernels).view(*x.shape[:-1], n)
     if x2.shape[0] == 0 or not _cutlass_can_run(x2, weight, bias):
         return torch.nn.functional.linear(x, weight, bias)
     plan = gemm_plan(x2.shape[0], n, k, x.dtype, x.device)
     out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     # Split-K: the float32 sum of the K slices and one semaphore per output tile.
     workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=x.device)
-    torch.ops.sarathi_rt.linear_out(x2, weight, bias, out, plan.config_id, plan.split_k, workspace)
+    kernels.linear_out(x2, weight, bias, out, plan.config_id, plan.split_k, workspace)
     return out.view(*x.shape[:-1], n)
 
 
-def _cpu_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _cpu_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: Any) -> torch.Tensor:
     """Batch-invariant CPU product (see the module docstring)."""
     m, n = x2.shape[0], weight.shape[0]
     if _streams_weight(x2, weight, bias):
@@ -97,7 +101,7 @@ def _cpu_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         none = torch.empty(0, dtype=torch.uint8)
         for m0 in range(0, m, _C.GEMM_SMALL_M):
             m1 = min(m, m0 + _C.GEMM_SMALL_M)
-            torch.ops.sarathi_rt.linear_out(x2[m0:m1], weight, bias, out[m0:m1], 0, 1, none)
+            kernels.linear_out(x2[m0:m1], weight, bias, out[m0:m1], 0, 1, none)
         return out
     pad = -m % _CPU_ROW_TILE
     if pad:
