@@ -90,6 +90,7 @@ def llm() -> LLM:
     return LLM("tiny", tokenizer=tiny_tokenizer(), num_kv_blocks=64, block_size=8, token_budget=32, max_num_seqs=8)
 
 
+@pytest.mark.slow
 def test_ids_beyond_the_tokenizers_vocabulary_have_no_text(tmp_path) -> None:
     small = LLM("tiny", tokenizer=write_tokenizer_gguf(tmp_path / "bpe.gguf"), num_kv_blocks=16)
     assert small.tokenizer.vocab_size < TINY_VOCAB
@@ -98,6 +99,7 @@ def test_ids_beyond_the_tokenizers_vocabulary_have_no_text(tmp_path) -> None:
     assert out.text == small.tokenizer.decode([t for t in out.token_ids if t < small.tokenizer.vocab_size])
 
 
+@pytest.mark.slow
 def test_text_prompts_and_text_outputs(llm: LLM) -> None:
     tok = llm.tokenizer
     greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -109,6 +111,7 @@ def test_text_prompts_and_text_outputs(llm: LLM) -> None:
     assert all(o.text.endswith(o.new_text) for o in streamed)
 
 
+@pytest.mark.slow
 def test_stop_strings_and_stop_tokens_end_the_text(llm: LLM) -> None:
     tok = llm.tokenizer
     base = llm.generate(["hi"], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)[0]
@@ -128,6 +131,7 @@ def test_stop_strings_and_stop_tokens_end_the_text(llm: LLM) -> None:
     assert not engine.has_unfinished() and engine.scheduler.num_free_blocks == engine.scheduler_config.num_blocks
 
 
+@pytest.mark.slow
 def test_chat_applies_the_template(llm: LLM) -> None:
     conv = [{"role": "user", "content": "hello"}]
     outs = llm.chat([conv, conv + [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "hi"}]],

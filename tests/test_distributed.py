@@ -200,9 +200,9 @@ def test_abort_in_flight_and_reuse_the_id(checkpoint, prompts, reference) -> Non
     (dict(pipeline_parallel_size=-1), "pipeline_parallel_size must be a positive int"),
     (dict(tensor_parallel_size=2.0), "tensor_parallel_size must be a positive int"),
 ])
-def test_bad_parallel_sizes_raise_before_spawning(checkpoint, kwargs: dict, match: str) -> None:
+def test_bad_parallel_sizes_raise_before_spawning(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        LLM(checkpoint, **kwargs)
+        LLM("tiny", **kwargs)  # 4 attention heads, 2 layers
     assert not multiprocessing.active_children()
 
 

@@ -20,6 +20,7 @@ def engine():
     return LLM(model="tiny", token_budget=32, max_num_seqs=8, num_kv_blocks=128).engine
 
 
+@pytest.mark.slow
 def test_replay_records_every_token(engine) -> None:
     warm_up(engine)
     workload = make_workload(WorkloadConfig(num_requests=6, qps=50.0, lengths="uniform", prompt_range=(5, 40),
@@ -47,6 +48,7 @@ def test_synthetic_prompts_are_seeded() -> None:
     assert all(3 <= t < 512 for t in synthetic_prompt(spec, 512, 0))
 
 
+@pytest.mark.slow
 def test_profile_step_time_on_the_engine(engine) -> None:
     profile = profile_step_time(engine, [4, 16, 32], num_decodes=4, context_len=20, repeats=2, warmup=1)
     assert profile.num_tokens == (4, 16, 32) and all(s > 0 for s in profile.seconds)

@@ -17,6 +17,8 @@ from text_models import tiny_tokenizer  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
 from sarathi_rt.server import OpenAIServer  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each module starts a server on loopback
+
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
 CONV = [{"role": "user", "content": "hello"}]
 
@@ -91,7 +93,6 @@ def test_chat_whole_and_streamed_with_a_stop_string(served, client: openai.OpenA
     assert cut.choices[0].finish_reason == "stop" and cut.choices[0].message.content == text[:text.index(stop)]
 
 
-@pytest.mark.slow
 def test_32_concurrent_clients(served) -> None:
     server, base, expected = served
 
@@ -162,7 +163,6 @@ def test_malformed_bodies_and_unknown_models(served, client: openai.OpenAI) -> N
         client.completions.create(model="gpt-4", prompt="hello", max_tokens=2)
 
 
-@pytest.mark.slow
 def test_overload_answers_503(served, monkeypatch: pytest.MonkeyPatch) -> None:
     """With max_waiting=2 and the engine held back, the first two requests queue and the
     other ten are refused at once; released, the two are served."""
@@ -216,7 +216,6 @@ def test_models_health_and_metrics(served) -> None:
     assert m["sarathi_rt_kv_blocks_total"] == 256 and m["sarathi_rt_requests_waiting"] == 0
 
 
-@pytest.mark.slow
 def test_bench_replays_a_workload_against_the_endpoint(served, tmp_path, capsys) -> None:
     from sarathi_rt.cli import main
     from sarathi_rt.metrics import load_requests_csv

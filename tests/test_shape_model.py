@@ -51,6 +51,7 @@ def test_fit_recovers_the_shape_terms(tmp_path) -> None:
         ShapeProfile.load(tmp_path / "bad.json")
 
 
+@pytest.mark.slow
 def test_measure_the_engine_by_shape() -> None:
     from sarathi_rt import LLM
 
@@ -67,6 +68,7 @@ def test_measure_the_engine_by_shape() -> None:
         measure(engine, [(0, 0, 4, 1000)])
 
 
+@pytest.mark.slow
 def test_bench_simulates_a_saved_profile(tmp_path) -> None:
     _profile().save(tmp_path / "p.json")
     out = tmp_path / "b"
