@@ -32,7 +32,8 @@ class SarathiScheduler(Scheduler):
     are in: the decodes plus the most tile-aligned prefill tokens whose predicted step
     time meets the SLO less the margin, capped by token_budget (of those, the step with
     the most tokens per second); prefill leaves free the blocks the decodes will need
-    before the next of them finishes."""
+    before the next of them finishes, and while the cache cannot hold every live request
+    to its end, prefill is paced to the rate the pending prompts arrived at."""
 
     name = "sarathi"
     adaptive = True
@@ -90,9 +91,38 @@ class SarathiScheduler(Scheduler):
         quantum = cfg.tile_size or 1
         n = adaptive_prefill_tokens(self.step_time_model, cfg.tbt_slo * (1 - cfg.slo_margin),  # type: ignore
                                     num_decodes, decode_kv, context, cfg.token_budget, quantum)
+        if n > 0 and self._cache_binds():
+            n = min(n, self._arrival_pace(prefills, num_decodes, quantum))
         if n == 0 and not plan.entries:
             n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
         b.budget = num_decodes + n
+
+    def _cache_binds(self) -> bool:
+        """True when the free blocks cannot hold every live request to its
+        max_new_tokens: then admission will wait on the cache, not on prefill speed."""
+        bs = self.config.block_size
+        need = 0
+        for r in (*self._running.values(), *self._waiting):
+            last = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token's KV is never stored
+            need += max(0, -(-last // bs) - len(r.blocks))
+        return need > self.num_free_blocks
+
+    def _arrival_pace(self, prefills: list[Request], num_decodes: int, quantum: int) -> int:
+        """Prefill tokens for this step at the rate the pending prompts arrived: their
+        prefill left divided by the steps from the one the oldest of them arrived during
+        to this one, rounded up to a tile-aligned step (at least one prefill token).
+
+        While the cache binds, prefilling faster than the prompts arrive only fills the
+        cache sooner and then leaves steps with nothing to prefill, while each large chunk
+        makes its step slower per prefill token (its attention grows with the chunk and
+        the step stops being memory-bound), so every running request holds its blocks
+        longer. Paced, the same prompts ride in many steps' memory-bound slack."""
+        pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
+        backlog = sum(r.prefill_left for r in pending)
+        steps = self._step - min(r.arrival_step for r in pending) + 1
+        pace = -(-backlog // steps)
+        tiles = max(num_decodes // quantum + 1, -(-(pace + num_decodes) // quantum))
+        return tiles * quantum - num_decodes
 
     def _decode_need(self) -> int:
         """Blocks the running decodes will take before the next of them finishes (or
