@@ -109,8 +109,10 @@ class SarathiScheduler(Scheduler):
 
     def _arrival_pace(self, prefills: list[Request], num_decodes: int, quantum: int) -> int:
         """Prefill tokens for this step at the rate the pending prompts arrived: their
-        prefill left divided by the steps from the one the oldest of them arrived during
-        to this one, rounded up to a tile-aligned step (at least one prefill token).
+        tokens (the part already prefilled too) divided by the steps from the one the
+        oldest of them arrived during to this one, rounded up to a tile-aligned step (at
+        least one prefill token). Counting the prefilled part keeps a lone prompt from
+        slowing down as it ages: it still finishes in a few steps.
 
         While the cache binds, prefilling faster than the prompts arrive only fills the
         cache sooner and then leaves steps with nothing to prefill, while each large chunk
@@ -118,9 +120,9 @@ class SarathiScheduler(Scheduler):
         the step stops being memory-bound), so every running request holds its blocks
         longer. Paced, the same prompts ride in many steps' memory-bound slack."""
         pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
-        backlog = sum(r.prefill_left for r in pending)
+        arrived = sum(r.prefill_target for r in pending)
         steps = self._step - min(r.arrival_step for r in pending) + 1
-        pace = -(-backlog // steps)
+        pace = -(-arrived // steps)
         tiles = max(num_decodes // quantum + 1, -(-(pace + num_decodes) // quantum))
         return tiles * quantum - num_decodes
 
