@@ -86,6 +86,19 @@ def test_adaptive_prefill_tokens_takes_the_fastest_step_within_the_limit() -> No
     assert len(calls) <= 13 + MAX_RATE_PROBES + 1
 
 
+def test_adaptive_prefill_tokens_with_min_tokens_adds_the_least_time_per_prefill_token() -> None:
+    """With min_tokens (the arrival pace while the cache binds) the step takes, of the
+    sizes that fit and hold that many prefill tokens, the one whose prefill tokens add
+    the least to the decodes' own step. On the knee model that cost only grows with the
+    step, so that is the smallest size holding min_tokens (not the fastest step, 256,
+    when fewer will do), and the largest that fits when the limit binds first."""
+    knee = _KneeModel()
+    assert adaptive_prefill_tokens(knee, 10.0, 16, 16, 0, 4096, 128, min_tokens=1) == 128 - 16
+    assert adaptive_prefill_tokens(knee, 10.0, 16, 16, 0, 4096, 128, min_tokens=200) == 256 - 16
+    assert adaptive_prefill_tokens(knee, 10.0, 16, 16, 0, 4096, 128, min_tokens=300) == 384 - 16
+    assert adaptive_prefill_tokens(knee, 0.2, 16, 16, 0, 4096, 128, min_tokens=300) == 128 - 16  # the limit binds
+
+
 def _adaptive(slo: float, cost, **kw):
     base = dict(policy="sarathi", token_budget=512, max_num_seqs=64, num_blocks=4096, tbt_slo=slo, slo_margin=0.0)
     base.update(kw)

@@ -89,10 +89,9 @@ class SarathiScheduler(Scheduler):
         decode_kv = num_decodes + sum(e.start_pos for e in plan.entries)
         context = head.num_computed if head is not None else 0
         quantum = cfg.tile_size or 1
+        pace = self._arrival_pace(prefills) if self._cache_binds() else None
         n = adaptive_prefill_tokens(self.step_time_model, cfg.tbt_slo * (1 - cfg.slo_margin),  # type: ignore
-                                    num_decodes, decode_kv, context, cfg.token_budget, quantum)
-        if n > 0 and self._cache_binds():
-            n = min(n, self._arrival_pace(prefills, num_decodes, quantum))
+                                    num_decodes, decode_kv, context, cfg.token_budget, quantum, pace)
         if n == 0 and not plan.entries:
             n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
         b.budget = num_decodes + n
@@ -107,7 +106,7 @@ class SarathiScheduler(Scheduler):
             need += max(0, -(-last // bs) - len(r.blocks))
         return need > self.num_free_blocks
 
-    def _arrival_pace(self, prefills: list[Request], num_decodes: int, quantum: int) -> int:
+    def _arrival_pace(self, prefills: list[Request]) -> int:
         """Prefill tokens for this step at the rate the pending prompts arrived: their
         tokens (the part already prefilled too) divided by the steps from the one the
         oldest of them arrived during to this one, rounded up to a tile-aligned step (at
@@ -122,9 +121,7 @@ class SarathiScheduler(Scheduler):
         pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
         arrived = sum(r.prefill_target for r in pending)
         steps = self._step - min(r.arrival_step for r in pending) + 1
-        pace = -(-arrived // steps)
-        tiles = max(num_decodes // quantum + 1, -(-(pace + num_decodes) // quantum))
-        return tiles * quantum - num_decodes
+        return -(-arrived // steps)
 
     def _decode_need(self) -> int:
         """Blocks the running decodes will take before the next of them finishes (or
