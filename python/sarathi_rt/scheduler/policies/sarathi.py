@@ -1,6 +1,8 @@
 """Sarathi-Serve stall-free batching (Algorithm 3) with fairness limits."""
 from __future__ import annotations
 
+import itertools
+
 from ..base import Scheduler, StepBuilder
 from ..request import Request, RequestStatus
 from ..registry import register_policy
@@ -99,12 +101,14 @@ class SarathiScheduler(Scheduler):
     def _cache_binds(self) -> bool:
         """True when the free blocks cannot hold every live request to its
         max_new_tokens: then admission will wait on the cache, not on prefill speed."""
-        bs = self.config.block_size
+        bs, free = self.config.block_size, self.num_free_blocks
         need = 0
-        for r in (*self._running.values(), *self._waiting):
+        for r in itertools.chain(self._running.values(), self._waiting):
             last = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token's KV is never stored
             need += max(0, -(-last // bs) - len(r.blocks))
-        return need > self.num_free_blocks
+            if need > free:  # a long queue is not walked to the end
+                return True
+        return False
 
     def _arrival_pace(self, prefills: list[Request]) -> int:
         """Prefill tokens for this step at the rate the pending prompts arrived: their
