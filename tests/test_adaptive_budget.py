@@ -86,6 +86,19 @@ def test_adaptive_prefill_tokens_takes_the_fastest_step_within_the_limit() -> No
     assert len(calls) <= 13 + MAX_RATE_PROBES + 1
 
 
+def test_adaptive_prefill_tokens_with_min_tokens_adds_the_least_time_per_prefill_token() -> None:
+    """With min_tokens (the arrival pace while the cache binds) the step takes, of the
+    sizes that fit and hold that many prefill tokens, the one whose prefill tokens add
+    the least to the decodes' own step. On the knee model that cost only grows with the
+    step, so that is the smallest size holding min_tokens (not the fastest step, 256,
+    when fewer will do), and the largest that fits when the limit binds first."""
+    knee = _KneeModel()
+    assert adaptive_prefill_tokens(knee, 10.0, 16, 16, 0, 4096, 128, min_tokens=1) == 128 - 16
+    assert adaptive_prefill_tokens(knee, 10.0, 16, 16, 0, 4096, 128, min_tokens=200) == 256 - 16
+    assert adaptive_prefill_tokens(knee, 10.0, 16, 16, 0, 4096, 128, min_tokens=300) == 384 - 16
+    assert adaptive_prefill_tokens(knee, 0.2, 16, 16, 0, 4096, 128, min_tokens=300) == 128 - 16  # the limit binds
+
+
 def _adaptive(slo: float, cost, **kw):
     base = dict(policy="sarathi", token_budget=512, max_num_seqs=64, num_blocks=4096, tbt_slo=slo, slo_margin=0.0)
     base.update(kw)
@@ -143,8 +156,9 @@ def test_adaptive_budget_leaves_running_decodes_their_blocks() -> None:
     block in 4 steps; request 1's 32-token prompt needs 8 blocks and 8 are free. A
     budget that allows the whole prompt takes them all, and request 0's next block then
     comes from preempting request 1, whose prompt is thrown away and recomputed. The
-    adaptive budget leaves that block free: request 1 prefills 28 tokens now and the
-    rest once request 0 is done; nothing is preempted."""
+    adaptive budget leaves that block free: request 1 prefills 28 tokens while request 0
+    decodes (paced to its arrival, see the next test: 16, 11, then the 1 token the
+    headroom leaves) and the rest once request 0 is done; nothing is preempted."""
     def scheduler(**kw):
         base = dict(token_budget=64, max_num_seqs=4, block_size=4, num_blocks=10, watermark=0.0)
         base.update(kw)
@@ -160,8 +174,32 @@ def test_adaptive_budget_leaves_running_decodes_their_blocks() -> None:
     assert sum(p.num_prefill_tokens for p in static_plans) > 32  # the prompt again, at least once
     plans, preempted = _run(scheduler(tbt_slo=1.0, slo_margin=0.0))
     assert preempted == []
-    assert [e.num_tokens for e in plans[0].entries] == [1, 28]
+    assert sum(p.num_prefill_tokens for p in plans if p.entries[0].request_id == 0) == 28
     assert sum(p.num_prefill_tokens for p in plans) == 32  # nothing recomputed
+
+
+def test_adaptive_budget_paces_prefill_to_arrivals_while_the_cache_binds() -> None:
+    """Request 0 decodes (40 tokens to go); requests 1 and 2 (64-token prompts) arrive
+    together. With 400 blocks everything fits, and the step takes the SLO-sized chunk:
+    all 127 tokens the budget leaves. With 40 blocks the three cannot all run to their
+    end, so prefilling faster than the prompts arrived would only fill the cache
+    sooner: the step prefills the 128 pending tokens over the 2 steps since they arrived
+    (64), then request 2's 64 over 3 (22), and so on; every prompt token runs once."""
+    def scheduler(num_blocks: int):
+        s = create_scheduler(SchedulerConfig(token_budget=128, max_num_seqs=4, block_size=4, num_blocks=num_blocks,
+                                             watermark=0.0, tbt_slo=1.0, slo_margin=0.0),
+                             LinearCostModel(0.01, 0.001))
+        s.add_request(0, 4, 41)
+        s.update(s.schedule())
+        s.add_request(1, 64, 2)
+        s.add_request(2, 64, 2)
+        return s
+
+    plans, preempted = _run(scheduler(400))
+    assert plans[0].num_prefill_tokens == 127
+    plans, preempted = _run(scheduler(40))
+    assert [p.num_prefill_tokens for p in plans[:2]] == [64, 22]
+    assert preempted == [] and sum(p.num_prefill_tokens for p in plans) == 128
 
 
 def test_adaptive_budget_config_errors() -> None:

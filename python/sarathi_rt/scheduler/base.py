@@ -100,7 +100,7 @@ class Scheduler(ABC):
         keys = self._prompt_keys(num_prompt_tokens, prompt_token_ids)
         self._done.pop(request_id, None)
         req = Request(request_id, num_prompt_tokens, max_new_tokens, self._arrivals,
-                      prefill_target=num_prompt_tokens, block_keys=keys)
+                      prefill_target=num_prompt_tokens, block_keys=keys, arrival_step=self._step)
         self._arrivals += 1
         self._live[request_id] = req
         self._waiting.append(req)

@@ -38,6 +38,7 @@ class Request:
     matched_idle: int = 0  # of `matched`, blocks nobody references (they count as free)
     num_keyed: int = 0
     num_cached_tokens: int = 0
+    arrival_step: int = 0  # the last step scheduled before the request was added (0: none)
 
     @property
     def is_prefill(self) -> bool:

@@ -81,13 +81,16 @@ def predict(model: StepTimeModel, num_prefill_tokens: int, decode_contexts: Sequ
 
 
 def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int, decode_kv: int,
-                            prefill_context: int, max_tokens: int, quantum: int) -> int:
+                            prefill_context: int, max_tokens: int, quantum: int,
+                            min_tokens: int | None = None) -> int:
     """Prefill tokens n (with num_decodes + n a multiple of `quantum`, and at most
     max_tokens - num_decodes) for a step within `limit` seconds: of the sizes that fit,
     the one with the most tokens per second (the smallest on a tie); 0 when none fits.
-    Binary search for the largest that fits (step time grows with n; a model that is
-    not monotone still gets a step within the limit), then a scan below it (of at most
-    MAX_RATE_PROBES sizes, evenly spaced)."""
+    With `min_tokens`, of the sizes that fit and hold at least that many, the one that
+    adds the least time per prefill token to the decodes' step (the largest that fits
+    when none holds them). Binary search for the largest that fits (step time grows
+    with n; a model that is not monotone still gets a step within the limit), then a
+    scan below it (of at most MAX_RATE_PROBES sizes, evenly spaced)."""
     lo = num_decodes // quantum + 1  # the fewest quanta that hold every decode and >= 1 prefill token
     hi = max_tokens // quantum
     first = lo
@@ -107,6 +110,9 @@ def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int
     # At most MAX_RATE_PROBES sizes are priced (the largest always), so that an untiled
     # step (quantum 1) costs a few dozen predictions, not one per token.
     last = (best + num_decodes) // quantum
+    if min_tokens is not None:
+        return _cheapest(model, num_decodes, decode_kv, prefill_context, quantum,
+                         max(first, -(-(min_tokens + num_decodes) // quantum)), last)
     stride = -(-(last - first + 1) // MAX_RATE_PROBES)
     rate, chosen = 0.0, best
     for k in [*range(first, last, stride), last]:
@@ -114,4 +120,22 @@ def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int
         r = (n + num_decodes) / model.predict_shape(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv))
         if r > rate:
             rate, chosen = r, n
+    return chosen
+
+
+def _cheapest(model: StepTimeModel, num_decodes: int, decode_kv: int, prefill_context: int, quantum: int,
+              first: int, last: int) -> int:
+    """Of the steps of first..last quanta (the last when first > last), the prefill size
+    that adds the least time per prefill token to a step of the decodes alone (the
+    smallest on a tie; at most MAX_RATE_PROBES sizes priced, the last always)."""
+    if first >= last:
+        return last * quantum - num_decodes
+    base = model.predict_shape(StepShape.hybrid(0, 0, num_decodes, decode_kv)) if num_decodes else 0.0
+    stride = -(-(last - first + 1) // MAX_RATE_PROBES)
+    cost, chosen = float("inf"), 0
+    for k in [*range(first, last, stride), last]:
+        n = k * quantum - num_decodes
+        c = (model.predict_shape(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv)) - base) / n
+        if c < cost * (1 - 1e-9):  # a tie within rounding keeps the smaller size
+            cost, chosen = c, n
     return chosen

@@ -1,6 +1,8 @@
 """Sarathi-Serve stall-free batching (Algorithm 3) with fairness limits."""
 from __future__ import annotations
 
+import itertools
+
 from ..base import Scheduler, StepBuilder
 from ..request import Request, RequestStatus
 from ..registry import register_policy
@@ -32,7 +34,8 @@ class SarathiScheduler(Scheduler):
     are in: the decodes plus the most tile-aligned prefill tokens whose predicted step
     time meets the SLO less the margin, capped by token_budget (of those, the step with
     the most tokens per second); prefill leaves free the blocks the decodes will need
-    before the next of them finishes."""
+    before the next of them finishes, and while the cache cannot hold every live request
+    to its end, prefill is paced to the rate the pending prompts arrived at."""
 
     name = "sarathi"
     adaptive = True
@@ -88,11 +91,41 @@ class SarathiScheduler(Scheduler):
         decode_kv = num_decodes + sum(e.start_pos for e in plan.entries)
         context = head.num_computed if head is not None else 0
         quantum = cfg.tile_size or 1
+        pace = self._arrival_pace(prefills) if self._cache_binds() else None
         n = adaptive_prefill_tokens(self.step_time_model, cfg.tbt_slo * (1 - cfg.slo_margin),  # type: ignore
-                                    num_decodes, decode_kv, context, cfg.token_budget, quantum)
+                                    num_decodes, decode_kv, context, cfg.token_budget, quantum, pace)
         if n == 0 and not plan.entries:
             n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
         b.budget = num_decodes + n
+
+    def _cache_binds(self) -> bool:
+        """True when the free blocks cannot hold every live request to its
+        max_new_tokens: then admission will wait on the cache, not on prefill speed."""
+        bs, free = self.config.block_size, self.num_free_blocks
+        need = 0
+        for r in itertools.chain(self._running.values(), self._waiting):
+            last = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token's KV is never stored
+            need += max(0, -(-last // bs) - len(r.blocks))
+            if need > free:  # a long queue is not walked to the end
+                return True
+        return False
+
+    def _arrival_pace(self, prefills: list[Request]) -> int:
+        """Prefill tokens for this step at the rate the pending prompts arrived: their
+        tokens (the part already prefilled too) divided by the steps from the one the
+        oldest of them arrived during to this one, rounded up to a tile-aligned step (at
+        least one prefill token). Counting the prefilled part keeps a lone prompt from
+        slowing down as it ages: it still finishes in a few steps.
+
+        While the cache binds, prefilling faster than the prompts arrive only fills the
+        cache sooner and then leaves steps with nothing to prefill, while each large chunk
+        makes its step slower per prefill token (its attention grows with the chunk and
+        the step stops being memory-bound), so every running request holds its blocks
+        longer. Paced, the same prompts ride in many steps' memory-bound slack."""
+        pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
+        arrived = sum(r.prefill_target for r in pending)
+        steps = self._step - min(r.arrival_step for r in pending) + 1
+        return -(-arrived // steps)
 
     def _decode_need(self) -> int:
         """Blocks the running decodes will take before the next of them finishes (or
