@@ -18,11 +18,16 @@ def _truth(shape: StepShape) -> float:
     return dense + 2e-8 * shape.prefill_pairs + 1e-7 * (shape.prefill_kv + shape.decode_kv) + 3e-4 * shape.num_sampled
 
 
-def _profile() -> ShapeProfile:
+def _truth_with_head(shape: StepShape) -> float:
+    # Plus a fixed LM head read whenever the step samples a row.
+    return _truth(shape) + (0.006 if shape.num_sampled else 0.0)
+
+
+def _profile(truth=_truth) -> ShapeProfile:
     steps = []
     for q, s, d, c in profile_batches(256, 16, 64):
         m = MeasuredStep(q, s, d, c, False, (0.0,))
-        t = _truth(m.shape())
+        t = truth(m.shape())
         steps.append(MeasuredStep(q, s, d, c, False, (t * 0.99, t, t * 1.01)))
     return ShapeProfile(tuple(steps), host_overhead_s=0.002, engine={"num_kv_blocks": 77})
 
@@ -49,6 +54,20 @@ def test_fit_recovers_the_shape_terms(tmp_path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a sarathi-rt step profile"):
         ShapeProfile.load(tmp_path / "bad.json")
+
+
+def test_fit_recovers_the_lm_head_cost() -> None:
+    model = ShapeCostModel(_profile(_truth_with_head))
+    assert model.head_s == pytest.approx(0.006, rel=0.05)
+    assert model.a_sampled == pytest.approx(3e-4, rel=0.05)
+    # The hybrid step the sarathi policy runs: a chunk beside a few decodes at the budget.
+    for shape in (StepShape.hybrid(31, 200, 1, 201), StepShape.hybrid(24, 90, 8, 8 * 300)):
+        assert model.model_time(shape) == pytest.approx(_truth_with_head(shape), rel=0.02)
+    # A chunk that does not finish its prompt samples nothing and skips the LM head.
+    chunk = StepShape(32, 32 * 100 + 32 * 33 // 2, 132, 0, 0, 0)
+    assert model.model_time(chunk) == pytest.approx(_truth(chunk), rel=0.02)
+    # And it finds no such cost where there is none.
+    assert ShapeCostModel(_profile()).head_s < 1e-4
 
 
 @pytest.mark.slow

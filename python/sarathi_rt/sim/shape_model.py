@@ -2,12 +2,19 @@
 step's shape instead of its token count.
 
 T(step) = host + G(num_tokens) + a_pairs * prefill (query, key) pairs
-          + a_kv * KV tokens read + a_sampled * rows sampled
+          + a_kv * KV tokens read + a_sampled * rows sampled + head * [any row sampled]
 
 G is the dense part (projections, MLP, norms) as a function of the rows in the step:
-piecewise linear between grid points placed at every measured token count (so the
-non-monotonic small-batch cost of the CPU GEMMs survives), proportional beyond the
-last. G's grid values and the a_* are fitted together, all >= 0, by least squares to
+piecewise linear between grid points placed at every token count of a pure (decode-
+only or prefill-only) measured batch, so the non-monotonic small-batch cost of the CPU
+GEMMs survives, proportional beyond the last. The mixed batches get no grid points of
+their own: they share G with the pure ones, so they test and constrain the other terms
+instead of each fitting itself exactly. `head` is the fixed cost of running the LM head
+at all: a step that samples one row or more reads the whole [vocab, hidden] weight once
+(65 MB for cpu-small, ~14 ms on one CPU thread), a prefill chunk that does not finish its
+prompt skips it. Without it the decode-only batches (which always sample) taught G that
+cost, and the hybrid steps of a chunk beside a few decodes came out ~10-20% short.
+G's grid values, the a_* and head are fitted together, all >= 0, by least squares to
 the profile's measured steps: decodes on a dense grid at two contexts, prefill chunks
 at two contexts, and mixed steps. `host` is the engine's per-step time outside the
 model (scheduling, inputs, outputs), measured by the profile on a short real run.
@@ -86,13 +93,15 @@ class ShapeCostModel(ShapeCost):
             raise ValueError(f"profile has {len(profile.steps)} measured steps; at least 4 are needed")
         self.profile, self.comm_s, self.host_s = profile, comm_s, profile.host_overhead_s
         shapes = [s.shape() for s in profile.steps]
-        self._grid = sorted({sh.num_tokens for sh in shapes})
+        self._grid = sorted({sh.num_tokens for sh in shapes if not (sh.num_prefill_tokens and sh.num_decodes)})
+        if not self._grid:
+            raise ValueError("profile has no decode-only or prefill-only batch to place the dense grid on")
         x = np.array([self._features(sh) for sh in shapes])
         y = np.array([s.median for s in profile.steps])
         coef = _nonnegative_lstsq(x, y)
         g = len(self._grid)
         self._g = coef[:g].tolist()
-        self.a_pairs, self.a_kv, self.a_sampled = coef[g:].tolist()
+        self.a_pairs, self.a_kv, self.a_sampled, self.head_s = coef[g:].tolist()
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ShapeCostModel:
@@ -115,7 +124,7 @@ class ShapeCostModel(ShapeCost):
         row = [0.0] * len(self._grid)
         for i, w in self._dense_weights(sh.num_tokens):
             row[i] = w
-        return row + [sh.prefill_pairs, sh.prefill_kv + sh.decode_kv, sh.num_sampled]
+        return row + [sh.prefill_pairs, sh.prefill_kv + sh.decode_kv, sh.num_sampled, float(sh.num_sampled > 0)]
 
     def dense_time(self, num_tokens: int) -> float:
         return sum(self._g[i] * w for i, w in self._dense_weights(num_tokens))
@@ -123,7 +132,8 @@ class ShapeCostModel(ShapeCost):
     def model_time(self, shape: StepShape) -> float:
         """The executor's time for a step of this shape (no host overhead)."""
         return self.dense_time(shape.num_tokens) + self.a_pairs * shape.prefill_pairs + \
-            self.a_kv * (shape.prefill_kv + shape.decode_kv) + self.a_sampled * shape.num_sampled
+            self.a_kv * (shape.prefill_kv + shape.decode_kv) + self.a_sampled * shape.num_sampled + \
+            (self.head_s if shape.num_sampled else 0.0)
 
     def predict_shape(self, shape: StepShape) -> float:
         return self.host_s + self.model_time(shape)
