@@ -68,6 +68,9 @@ def test_fit_recovers_the_lm_head_cost() -> None:
     assert model.model_time(chunk) == pytest.approx(_truth(chunk), rel=0.02)
     # And it finds no such cost where there is none.
     assert ShapeCostModel(_profile()).head_s < 1e-4
+    mixed_only = ShapeProfile(tuple(s for s in _profile().steps if s.num_prefill_tokens and s.num_decodes), 0.0)
+    with pytest.raises(ValueError, match="no decode-only or prefill-only batch"):
+        ShapeCostModel(mixed_only)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ GEMMs survives, proportional beyond the last. The mixed batches get no grid poin
 their own: they share G with the pure ones, so they test and constrain the other terms
 instead of each fitting itself exactly. `head` is the fixed cost of running the LM head
 at all: a step that samples one row or more reads the whole [vocab, hidden] weight once
-(65 MB for cpu-small, ~14 ms on one CPU thread), a prefill chunk that does not finish its
+(65 MB for cpu-small: 10-16 ms on one CPU thread), a prefill chunk that does not finish its
 prompt skips it. Without it the decode-only batches (which always sample) taught G that
 cost, and the hybrid steps of a chunk beside a few decodes came out ~10-20% short.
 G's grid values, the a_* and head are fitted together, all >= 0, by least squares to
