@@ -46,14 +46,28 @@ def _launch(program: list[str]) -> list[subprocess.Popen]:
 
 
 def _finish(nodes: list[subprocess.Popen], timeout: float) -> list[tuple[int, str]]:
+    """Each node's (exit status, output). A node still running after `timeout` seconds is
+    killed and fails the test with every node's output: a torchrun agent that hangs is
+    often waiting, in its exit barrier, for another node whose rank failed."""
+    deadline = time.monotonic() + timeout
+    results, hung = [], []
     try:
-        outputs = ["".join(p.communicate(timeout=timeout)) for p in nodes]
-        return [(p.returncode, out) for p, out in zip(nodes, outputs)]
+        for node, p in enumerate(nodes):
+            try:
+                out = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                out, hung = p.communicate(), hung + [node]
+            results.append((p.returncode, "".join(out)))
     finally:
         for p in nodes:  # a hung job must not outlive the test
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+    if hung:
+        pytest.fail(f"node {', '.join(map(str, hung))} still running after {timeout:g} s\n" + "\n".join(
+            f"--- node {node}, exit status {code}:\n{out[-4000:]}" for node, (code, out) in enumerate(results)))
+    return results
 
 
 @pytest.fixture(scope="module")
