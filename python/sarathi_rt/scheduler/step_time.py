@@ -113,10 +113,8 @@ def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int
     if min_tokens is not None:
         return _cheapest(model, num_decodes, decode_kv, prefill_context, quantum,
                          max(first, -(-(min_tokens + num_decodes) // quantum)), last)
-    stride = -(-(last - first + 1) // MAX_RATE_PROBES)
     rate, chosen = 0.0, best
-    for k in [*range(first, last, stride), last]:
-        n = k * quantum - num_decodes
+    for n in _probe_sizes(first, last, quantum, num_decodes):
         r = (n + num_decodes) / model.predict_shape(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv))
         if r > rate:
             rate, chosen = r, n
@@ -131,11 +129,16 @@ def _cheapest(model: StepTimeModel, num_decodes: int, decode_kv: int, prefill_co
     if first >= last:
         return last * quantum - num_decodes
     base = model.predict_shape(StepShape.hybrid(0, 0, num_decodes, decode_kv)) if num_decodes else 0.0
-    stride = -(-(last - first + 1) // MAX_RATE_PROBES)
     cost, chosen = float("inf"), 0
-    for k in [*range(first, last, stride), last]:
-        n = k * quantum - num_decodes
+    for n in _probe_sizes(first, last, quantum, num_decodes):
         c = (model.predict_shape(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv)) - base) / n
         if c < cost * (1 - 1e-9):  # a tie within rounding keeps the smaller size
             cost, chosen = c, n
     return chosen
+
+
+def _probe_sizes(first: int, last: int, quantum: int, num_decodes: int) -> list[int]:
+    """Prefill sizes of steps of first..last quanta, at most MAX_RATE_PROBES of them,
+    evenly spaced and smallest first, the last always included."""
+    stride = -(-(last - first + 1) // MAX_RATE_PROBES)
+    return [k * quantum - num_decodes for k in [*range(first, last, stride), last]]
