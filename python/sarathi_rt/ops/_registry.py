@@ -9,7 +9,8 @@ torch._dynamo on a process's first call (a second or more, paid again by every w
 
 The public ops call torch.ops.sarathi_rt.<name>. The engine's model layers call the same
 Python kernels through KERNELS, which skips the dispatcher: its round trip costs ~10 us a
-call on the CPU, 13 calls a step on a 2-layer model, about a sixth of a small step."""
+call on the CPU, 13 calls a step on a 2-layer model (a step 0.96x as long on `tiny` with
+64 decodes, bench/RESULTS.md)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
