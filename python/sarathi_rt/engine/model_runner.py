@@ -68,7 +68,7 @@ class ModelRunner:
         chunks = step.chunks
         if not chunks:
             raise ValueError("step has no chunks")
-        bs = self.block_size
+        bs, max_position = self.block_size, self.max_position
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -77,32 +77,37 @@ class ModelRunner:
         logits_rows: list[int] = []
         tables: list[int] = []
         width = max(len(c.block_table) for c in chunks)
+        total = 0  # tokens so far: cu_seqlens[-1]
+        # Runs once per request per step: locals rather than attribute lookups.
         for c in chunks:
-            n, start, table = len(c.token_ids), c.start_pos, c.block_table
+            token_ids, start, table = c.token_ids, c.start_pos, c.block_table
+            n = len(token_ids)
             end = start + n
             if n == 0 or start < 0:
                 raise ValueError(f"request {c.request_id!r}: empty chunk or negative start_pos")
-            if end > self.max_position:
+            if end > max_position:
                 raise ValueError(f"request {c.request_id!r} reaches position {end - 1}, beyond the model's "
-                                 f"max_position_embeddings ({self.max_position})")
+                                 f"max_position_embeddings ({max_position})")
             # Too short a table would be padded with block 0 below; block ids themselves are
             # range-checked by write_kv and hybrid_attention (or the attention plan).
             if len(table) * bs < end:
                 raise ValueError(f"request {c.request_id!r}: block_table {table} does not map "
                                  f"positions 0..{end - 1} into blocks of {bs}")
-            ids += c.token_ids
+            ids += token_ids
             if n == 1:  # a decode
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
             else:
                 positions += range(start, end)
                 slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            cu_seqlens.append(cu_seqlens[-1] + n)
+            total += n
+            cu_seqlens.append(total)
             seqlens_k.append(end)
             if c.sampling is not None:
-                logits_rows.append(cu_seqlens[-1] - 1)
+                logits_rows.append(total - 1)
             tables += table
-            tables += [0] * (width - len(table))
+            if len(table) < width:
+                tables += [0] * (width - len(table))
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.vocab_size})")
         # One transfer per dtype; the context's tensors are views of it.
