@@ -4,6 +4,11 @@ policy, simulate the same seeded workload with the profile, and print each metri
 simulated error against the real median next to the real runs' own spread
 ((max - min) / median). A metric passes when its error is within the spread or 10%.
 
+A shared machine's speed drifts by tens of percent within minutes, so the profile's own
+mixed batches are re-timed beside every real run (`speed_factor`) and the simulation runs
+at the median of those speeds (ShapeCostModel's time_scale); the error at the profile's
+speed is printed beside it.
+
     python bench/bench_sim_fidelity.py [--workloads 12@0.75,24@1.5] [--policies sarathi,vllm]
                                        [--runs 3] [--repeats 3] [--threads 1]
 
@@ -20,6 +25,8 @@ import time
 
 from sarathi_rt.commands._serving import EngineBackend, SimBackend, add_common_args, fill_defaults
 from sarathi_rt.metrics import MetricsSummary, summarize
+from sarathi_rt.shape_profiling import speed_factor
+from sarathi_rt.sim.shape_model import ShapeCostModel, ShapeProfile
 from sarathi_rt.workloads import make_workload
 
 METRICS = {"TTFT P50": lambda s: s.ttft.p50, "TTFT P99": lambda s: s.ttft.p99, "TBT P50": lambda s: s.tbt.p50,
@@ -74,16 +81,31 @@ def main() -> None:
         workload = make_workload(_workload(eng.args, float(qps), eng.max_total_tokens))
         assert workload == make_workload(_workload(sim.args, float(qps), sim.max_total_tokens))
         report[spec] = {}
+        measured = ShapeProfile.load(profile)
         for policy in args.policies.split(","):
-            real = [summarize(*eng.run(policy, workload, None)) for _ in range(args.runs)]
-            simulated = summarize(*sim.run(policy, workload, None))
-            rows = compare(real, simulated)
-            report[spec][policy] = [dict(zip(("metric", "real", "sim", "error", "ok"), r)) for r in rows]
-            print(f"\n{n} requests at {qps} QPS, {policy} ({args.runs} real runs):")
-            for name, med, s, err, ok in rows:
+            # The machine's speed, re-timed beside every real run (before each and after
+            # the last) on the profile's own mixed batches; the simulation runs at their
+            # median, and once more at the profile's speed for comparison.
+            real, speed = [], [speed_factor(eng.engine(policy, workload), measured)]
+            for _ in range(args.runs):
+                real.append(summarize(*eng.run(policy, workload, None)))
+                speed.append(speed_factor(eng.engine(policy, workload), measured))
+            scale = statistics.median(speed)
+            sim.cost_model = ShapeCostModel(measured, time_scale=1.0)
+            as_profiled = compare(real, summarize(*sim.run(policy, workload, None)))
+            sim.cost_model = ShapeCostModel(measured, time_scale=scale)
+            rows = compare(real, summarize(*sim.run(policy, workload, None)))
+            report[spec][policy] = {
+                "speed": speed, "time_scale": scale,
+                "metrics": [dict(zip(("metric", "real", "sim", "error", "ok", "error_as_profiled"), (*r, a[3])))
+                            for r, a in zip(rows, as_profiled)]}
+            print(f"\n{n} requests at {qps} QPS, {policy} ({args.runs} real runs; machine speed beside them "
+                  f"{', '.join(f'{x:.3f}' for x in speed)}x of the profile's, simulated at {scale:.3f}x):")
+            for (name, med, s, err, ok), a in zip(rows, as_profiled):
                 spread = _spread([METRICS[name](x) for x in real])
                 print(f"  {name:>9}: real {med:9.4g} (spread {100 * spread:5.1f}%)  sim {s:9.4g}  "
-                      f"error {100 * err:+6.1f}%  {'ok' if ok else 'MISS'}")
+                      f"error {100 * err:+6.1f}%  {'ok' if ok else 'MISS'}  (at the profile's speed: "
+                      f"{100 * a[3]:+6.1f}% {'ok' if a[4] else 'MISS'})")
         print(f"({time.perf_counter() - t0:.0f} s for this workload)", flush=True)
     with open(os.path.join(args.out, "fidelity.json"), "w") as f:
         json.dump(report, f, indent=1)

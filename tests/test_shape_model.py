@@ -8,7 +8,7 @@ import pytest
 
 from sarathi_rt.cli import main
 from sarathi_rt.scheduler.step_time import StepShape
-from sarathi_rt.shape_profiling import chunk_grid, decode_grid, measure, profile_batches
+from sarathi_rt.shape_profiling import chunk_grid, decode_grid, measure, profile_batches, speed_factor
 from sarathi_rt.sim.shape_model import MeasuredStep, ShapeCostModel, ShapeProfile
 
 
@@ -71,6 +71,34 @@ def test_fit_recovers_the_lm_head_cost() -> None:
     mixed_only = ShapeProfile(tuple(s for s in _profile().steps if s.num_prefill_tokens and s.num_decodes), 0.0)
     with pytest.raises(ValueError, match="no decode-only or prefill-only batch"):
         ShapeCostModel(mixed_only)
+
+
+def test_time_scale_follows_the_machine_speed() -> None:
+    profile = _profile(_truth_with_head)
+    base, slow = ShapeCostModel(profile), ShapeCostModel(profile, time_scale=1.5)
+    for shape in (StepShape.hybrid(40, 500, 7, 7 * 1001), StepShape.hybrid(0, 0, 16, 16 * 257)):
+        assert slow.predict_shape(shape) == pytest.approx(1.5 * base.predict_shape(shape), rel=1e-9)
+        assert slow.model_time(shape) == pytest.approx(1.5 * base.model_time(shape), rel=1e-9)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="time_scale"):
+            ShapeCostModel(profile, time_scale=bad)
+
+
+@pytest.mark.slow
+def test_speed_factor_retimes_the_mixed_batches() -> None:
+    from sarathi_rt import LLM
+
+    engine = LLM(model="tiny", token_budget=64, max_num_seqs=4, num_kv_blocks=64).engine
+    batches = [(0, 0, 4, 30), (24, 10, 0, 0), (8, 30, 2, 30), (16, 30, 4, 30)]
+    now = measure(engine, batches, repeats=3)
+    # A profile that says the machine took 50x as long: it runs 1/50 as long now. The
+    # pure batches are not re-timed, so their recorded times do not matter.
+    then = ShapeProfile(tuple(MeasuredStep(s.num_prefill_tokens, s.prefill_context, s.num_decodes, s.decode_context,
+                                           False, tuple(50 * t if s.num_prefill_tokens and s.num_decodes else 1.0
+                                                        for t in s.seconds)) for s in now), 0.0)
+    assert 1 / 150 < speed_factor(engine, then) < 3 / 50
+    with pytest.raises(ValueError, match="no mixed batch"):
+        speed_factor(engine, ShapeProfile(tuple(s for s in then.steps if not s.num_decodes), 0.0))
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 only batches on a dense grid up to max_num_seqs, prefill chunks up to the largest
 chunk, and mixed batches, at the workload's mean context and at a quarter of it (two
 contexts tell the attention terms from the dense ones); then a short real run of the
-workload measures the host's per-step overhead."""
+workload measures the host's per-step overhead. `speed_factor` re-times part of a profile
+later, so that a simulation can follow the machine's speed."""
 from __future__ import annotations
 
 import random
@@ -94,6 +95,20 @@ def host_overhead(engine: LLMEngine, workload: Sequence[RequestSpec], seed: int)
     finally:
         del executor.submit  # back to the class's method
     return statistics.median(s.duration - e for s, e in zip(steps, executed)) if steps else 0.0
+
+
+def speed_factor(engine: LLMEngine, profile: ShapeProfile, *, repeats: int = 3, seed: int = 0) -> float:
+    """How much slower (> 1) or faster the machine runs now than when `profile` was
+    taken: the median over the profile's mixed batches (a chunk beside decodes, every
+    cost term at once) of (time now / time then), each timed `repeats` times now. Pass
+    it as ShapeCostModel's time_scale to simulate a run made now. The engine must be
+    idle (as for `measure`) and configured as when the profile was taken."""
+    ref = [s for s in profile.steps if s.num_prefill_tokens and s.num_decodes]
+    if not ref:
+        raise ValueError("profile has no mixed batch to re-time")
+    now = measure(engine, [(s.num_prefill_tokens, s.prefill_context, s.num_decodes, s.decode_context) for s in ref],
+                  repeats=repeats, seed=seed)
+    return statistics.median(n.median / s.median for n, s in zip(now, ref))
 
 
 def profile_engine(engine: LLMEngine, context_len: int, max_decodes: int, max_chunk: int,

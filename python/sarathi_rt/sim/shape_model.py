@@ -88,17 +88,25 @@ class ShapeProfile:
 
 
 class ShapeCostModel(ShapeCost):
-    def __init__(self, profile: ShapeProfile, comm_s: float = 0.0) -> None:
+    """`time_scale`: the machine's speed when the simulated run happens relative to when
+    the profile was taken (see shape_profiling.speed_factor): every predicted time is
+    multiplied by it. A shared CPU's speed drifts by tens of percent within minutes, and
+    a fit to a profile taken in a fast minute predicts a run in a slow one too short."""
+
+    def __init__(self, profile: ShapeProfile, comm_s: float = 0.0, time_scale: float = 1.0) -> None:
         if len(profile.steps) < 4:
             raise ValueError(f"profile has {len(profile.steps)} measured steps; at least 4 are needed")
-        self.profile, self.comm_s, self.host_s = profile, comm_s, profile.host_overhead_s
+        if not time_scale > 0 or time_scale == float("inf"):
+            raise ValueError(f"time_scale must be a positive finite number, got {time_scale!r}")
+        self.profile, self.comm_s, self.time_scale = profile, comm_s, time_scale
+        self.host_s = profile.host_overhead_s * time_scale
         shapes = [s.shape() for s in profile.steps]
         self._grid = sorted({sh.num_tokens for sh in shapes if not (sh.num_prefill_tokens and sh.num_decodes)})
         if not self._grid:
             raise ValueError("profile has no decode-only or prefill-only batch to place the dense grid on")
         x = np.array([self._features(sh) for sh in shapes])
         y = np.array([s.median for s in profile.steps])
-        coef = _nonnegative_lstsq(x, y)
+        coef = _nonnegative_lstsq(x, y) * time_scale
         g = len(self._grid)
         self._g = coef[:g].tolist()
         self.a_pairs, self.a_kv, self.a_sampled, self.head_s = coef[g:].tolist()
