@@ -107,9 +107,9 @@ def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int
             hi = k - 1
     if best == 0:
         return 0
-    # Within the SLO, the step that prefills the most tokens per second: past that size a step is
-    # slower per token (attention grows with the chunk, tile waves fill unevenly), and
-    # the prefill left over rides in the next steps' memory-bound slack for less.
+    # Within the SLO, the size that prefills the most tokens per second, not the largest:
+    # past it a step is slower per token (attention grows with the chunk, tile waves
+    # fill unevenly), and the prefill left over rides in the next steps' slack for less.
     # At most MAX_RATE_PROBES sizes are priced (the largest always), so that an untiled
     # step (quantum 1) costs a few dozen predictions, not one per token.
     last = (best + num_decodes) // quantum

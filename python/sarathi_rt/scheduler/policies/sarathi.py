@@ -34,9 +34,10 @@ class SarathiScheduler(Scheduler):
     are in: the decodes plus the most tile-aligned prefill tokens whose predicted step
     time meets the SLO less the margin, capped by token_budget (of those, the chunk that
     prefills fastest on its own while the decodes set how many steps there are, else
-    the step that prefills the most tokens per second); prefill leaves free the blocks the decodes will need
-    before the next of them finishes, and while the cache cannot hold every live request
-    to its end, prefill is paced to the rate the pending prompts arrived at."""
+    the step that prefills the most tokens per second); prefill leaves free the blocks
+    the decodes will need before the next of them finishes, and while the cache cannot
+    hold every live request to its end, prefill is paced to the rate the pending
+    prompts arrived at."""
 
     name = "sarathi"
     adaptive = True
@@ -92,14 +93,14 @@ class SarathiScheduler(Scheduler):
         decode_kv = num_decodes + sum(e.start_pos for e in plan.entries)
         context = head.num_computed if head is not None else 0
         quantum = cfg.tile_size or 1
-        limit = cfg.tbt_slo * (1 - cfg.slo_margin)  # type: ignore[operator]
+        model, limit = self.step_time_model, cfg.tbt_slo * (1 - cfg.slo_margin)  # type: ignore[operator]
         if self._cache_binds():
-            n = adaptive_prefill_tokens(self.step_time_model, limit, num_decodes, decode_kv, context,  # type: ignore
+            n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, self._arrival_pace(prefills))
         else:
             pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
             backlog = sum(r.prefill_target - r.num_computed for r in pending)
-            n = adaptive_prefill_tokens(self.step_time_model, limit, num_decodes, decode_kv, context,  # type: ignore
+            n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, backlog=backlog,
                                         decode_steps=self._decode_steps(self._decodes()))
         if n == 0 and not plan.entries:
@@ -156,6 +157,7 @@ class SarathiScheduler(Scheduler):
         return need
 
     def _decodes(self) -> list[Request]:
+        """The running requests past their prompt."""
         return [r for r in self._running.values() if r.num_computed >= r.prefill_target]
 
     @staticmethod
