@@ -99,6 +99,51 @@ def test_adaptive_prefill_tokens_with_min_tokens_adds_the_least_time_per_prefill
     assert adaptive_prefill_tokens(knee, 0.2, 16, 16, 0, 4096, 128, min_tokens=300) == 128 - 16  # the limit binds
 
 
+class _DecodeOverheadModel:
+    """The knee model's cost for the prefill chunk alone (fastest at 256 tokens) plus
+    1 s per decode (a long-context decode, exaggerated): beside a decode, a step's
+    prefill tokens per second keep growing with the chunk (the decode's second spread
+    over more of them)."""
+
+    def predict_shape(self, shape: StepShape) -> float:
+        p = shape.num_prefill_tokens
+        return 0.01 + 1.0 * shape.num_decodes + 0.001 * min(p, 256) + 0.003 * max(p - 256, 0)
+
+    def observe(self, plan, seconds: float) -> None:
+        pass
+
+
+def test_adaptive_prefill_tokens_takes_the_chunk_fastest_alone_while_the_decodes_set_the_steps() -> None:
+    """A decode that runs 10 more steps anyway: a backlog of 2000 prefill tokens clears
+    within them at 255 a step (the chunk that prefills fastest on its own), so a larger
+    chunk saves no step and only slows each one. 3000 do not clear: the prefill sets the
+    number of steps, and the step that prefills the most tokens per second (the largest
+    within the 10 s limit, 24 tiles) takes the fewest seconds. Without a backlog or
+    steps ahead given, that step as well."""
+    m = _DecodeOverheadModel()
+    assert adaptive_prefill_tokens(m, 10.0, 1, 1, 0, 4096, 128) == 24 * 128 - 1
+    assert adaptive_prefill_tokens(m, 10.0, 1, 1, 0, 4096, 128, backlog=2000, decode_steps=10) == 256 - 1
+    assert adaptive_prefill_tokens(m, 10.0, 1, 1, 0, 4096, 128, backlog=3000, decode_steps=10) == 24 * 128 - 1
+    assert adaptive_prefill_tokens(m, 10.0, 1, 1, 0, 4096, 128, backlog=2000, decode_steps=0) == 24 * 128 - 1
+
+
+def test_adaptive_budget_sizes_the_chunk_by_who_sets_the_steps() -> None:
+    """Request 0 decodes with 40 (or 2) tokens to go when request 1's 2000-token prompt
+    arrives, and the cache holds both. With 40 steps of decoding ahead the prompt clears
+    within them at 255 tokens a step (the chunk fastest on its own beside the decode),
+    so the step takes that; with 2 steps ahead it would not, the prefill sets the number
+    of steps, and the step that prefills the most tokens per second takes it whole."""
+    def first_chunk(decode_tokens: int) -> int:
+        s = _adaptive(10.0, _DecodeOverheadModel(), token_budget=4096, tile_size=128, block_size=16)
+        s.add_request(0, 4, decode_tokens + 1)
+        s.update(s.schedule())
+        s.add_request(1, 2000, 2)
+        return s.schedule().num_prefill_tokens
+
+    assert first_chunk(40) == 256 - 1
+    assert first_chunk(2) == 2000
+
+
 def _adaptive(slo: float, cost, **kw):
     base = dict(policy="sarathi", token_budget=512, max_num_seqs=64, num_blocks=4096, tbt_slo=slo, slo_margin=0.0)
     base.update(kw)

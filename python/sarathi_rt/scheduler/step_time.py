@@ -82,10 +82,13 @@ def predict(model: StepTimeModel, num_prefill_tokens: int, decode_contexts: Sequ
 
 def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int, decode_kv: int,
                             prefill_context: int, max_tokens: int, quantum: int,
-                            min_tokens: int | None = None) -> int:
+                            min_tokens: int | None = None, backlog: int = 0, decode_steps: int = 0) -> int:
     """Prefill tokens n (with num_decodes + n a multiple of `quantum`, and at most
-    max_tokens - num_decodes) for a step within `limit` seconds: of the sizes that fit,
-    the one with the most tokens per second (the smallest on a tie); 0 when none fits.
+    max_tokens - num_decodes) for a step within `limit` seconds; 0 when none fits. Of
+    the sizes that fit: when `backlog` prefill tokens clear within `decode_steps` steps
+    at the size whose chunk alone (without the decodes) prefills fastest, that size;
+    otherwise the one whose step prefills the most tokens per second (the smallest on
+    a tie).
     With `min_tokens`, of the sizes that fit and hold at least that many, the one that
     adds the least time per prefill token to the decodes' step (the largest that fits
     when none holds them). Binary search for the largest that fits (step time grows
@@ -104,18 +107,38 @@ def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int
             hi = k - 1
     if best == 0:
         return 0
-    # Within the SLO, the step with the most tokens per second: past that size a step is
-    # slower per token (attention grows with the chunk, tile waves fill unevenly), and
-    # the prefill left over rides in the next steps' memory-bound slack for less.
+    # Within the SLO, the size that prefills the most tokens per second, not the largest:
+    # past it a step is slower per token (attention grows with the chunk, tile waves
+    # fill unevenly), and the prefill left over rides in the next steps' slack for less.
     # At most MAX_RATE_PROBES sizes are priced (the largest always), so that an untiled
     # step (quantum 1) costs a few dozen predictions, not one per token.
     last = (best + num_decodes) // quantum
     if min_tokens is not None:
         return _cheapest(model, num_decodes, decode_kv, prefill_context, quantum,
                          max(first, -(-(min_tokens + num_decodes) // quantum)), last)
-    rate, chosen = 0.0, best
-    for n in _probe_sizes(first, last, quantum, num_decodes):
-        r = (n + num_decodes) / model.predict_shape(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv))
+    sizes = _probe_sizes(first, last, quantum, num_decodes)
+    # Who sets the number of steps decides what a prefill token costs. While the decodes
+    # run `decode_steps` more steps anyway (none finishes sooner) and the backlog clears
+    # within them, the decodes do: a larger chunk that spreads the decodes' time over
+    # more prefill tokens saves no step and only slows every step (so every running
+    # request holds its blocks longer), so the chunk that prefills fastest on its own
+    # does the work at the best rate. Otherwise the prefill does: the backlog takes
+    # backlog / n steps of T(n) each, so the step with the most prefill tokens per second
+    # (the decodes' time an overhead spread over the chunk) clears it soonest.
+    if decode_steps and backlog <= decode_steps * best:
+        alone = _fastest_prefill(model, sizes, prefill_context, 0, 0)
+        if backlog <= decode_steps * alone:
+            return alone
+    return _fastest_prefill(model, sizes, prefill_context, num_decodes, decode_kv)
+
+
+def _fastest_prefill(model: StepTimeModel, sizes: list[int], prefill_context: int, num_decodes: int,
+                     decode_kv: int) -> int:
+    """Of the prefill `sizes`, the one whose step beside `num_decodes` decodes prefills
+    the most tokens per second (the smallest on a tie)."""
+    rate, chosen = 0.0, sizes[-1]
+    for n in sizes:
+        r = n / model.predict_shape(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv))
         if r > rate:
             rate, chosen = r, n
     return chosen

@@ -32,10 +32,12 @@ class SarathiScheduler(Scheduler):
 
     With config.tbt_slo (adaptive budget) the step's budget is sized after the decodes
     are in: the decodes plus the most tile-aligned prefill tokens whose predicted step
-    time meets the SLO less the margin, capped by token_budget (of those, the step with
-    the most tokens per second); prefill leaves free the blocks the decodes will need
-    before the next of them finishes, and while the cache cannot hold every live request
-    to its end, prefill is paced to the rate the pending prompts arrived at."""
+    time meets the SLO less the margin, capped by token_budget (of those, the chunk that
+    prefills fastest on its own while the decodes set how many steps there are, else
+    the step that prefills the most tokens per second); prefill leaves free the blocks
+    the decodes will need before the next of them finishes, and while the cache cannot
+    hold every live request to its end, prefill is paced to the rate the pending
+    prompts arrived at."""
 
     name = "sarathi"
     adaptive = True
@@ -91,9 +93,16 @@ class SarathiScheduler(Scheduler):
         decode_kv = num_decodes + sum(e.start_pos for e in plan.entries)
         context = head.num_computed if head is not None else 0
         quantum = cfg.tile_size or 1
-        pace = self._arrival_pace(prefills) if self._cache_binds() else None
-        n = adaptive_prefill_tokens(self.step_time_model, cfg.tbt_slo * (1 - cfg.slo_margin),  # type: ignore
-                                    num_decodes, decode_kv, context, cfg.token_budget, quantum, pace)
+        model, limit = self.step_time_model, cfg.tbt_slo * (1 - cfg.slo_margin)  # type: ignore[operator]
+        if self._cache_binds():
+            n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
+                                        cfg.token_budget, quantum, self._arrival_pace(prefills))
+        else:
+            pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
+            backlog = sum(r.prefill_target - r.num_computed for r in pending)
+            n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
+                                        cfg.token_budget, quantum, backlog=backlog,
+                                        decode_steps=self._decode_steps(self._decodes()))
         if n == 0 and not plan.entries:
             n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
         b.budget = num_decodes + n
@@ -137,12 +146,24 @@ class SarathiScheduler(Scheduler):
         slowly enough that this is rare; the adaptive budget, which may prefill a whole
         queue in a few steps, must leave them free."""
         bs = self.config.block_size
-        decodes = [r for r in self._running.values() if r.num_computed >= r.prefill_target]
+        decodes = self._decodes()
         if not decodes:
             return 0
-        steps = min(MAX_DECODE_HEADROOM_STEPS, *(r.max_new_tokens - r.num_generated for r in decodes))
+        steps = self._decode_steps(decodes)
         need = 0
         for r in decodes:
             last = r.num_prompt_tokens + r.max_new_tokens - 1  # the last token's KV is never stored
             need += max(0, -(-min(r.num_computed + steps, last) // bs) - len(r.blocks))
         return need
+
+    def _decodes(self) -> list[Request]:
+        """The running requests past their prompt."""
+        return [r for r in self._running.values() if r.num_computed >= r.prefill_target]
+
+    @staticmethod
+    def _decode_steps(decodes: list[Request]) -> int:
+        """Steps until the next of the running decodes finishes (at most
+        MAX_DECODE_HEADROOM_STEPS; 0 without decodes): they all run that long anyway."""
+        if not decodes:
+            return 0
+        return min(MAX_DECODE_HEADROOM_STEPS, *(r.max_new_tokens - r.num_generated for r in decodes))
