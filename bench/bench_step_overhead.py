@@ -3,17 +3,23 @@ decodes, where the model's compute is a small part of the step and the rest is P
 (scheduling, step input, preparing the context, per-layer op calls, sampling, outputs).
 
     python bench/bench_step_overhead.py [--decodes 64] [--steps 300] [--repeats 5]
+    python bench/bench_step_overhead.py --baseline OLD/python [--pairs 5]
 
 Prints the median wall ms per step over `repeats` runs of `steps` decode steps each,
-the process CPU ms per step (steadier on a loaded machine), and the ratio to the 1.5 ms
-target. The baseline is the same script at an earlier commit, run back to back
-(`git worktree add /tmp/base <commit>`, build it, then alternate the two).
+the process CPU ms per step, and the ratio to the 1.5 ms target. With --baseline (the
+`python/` directory of another checkout, built in place) it runs this script in `pairs`
+pairs of fresh processes, the baseline's package against this one, alternating which
+goes first, and prints both medians and the median of the pairs' ratios: this VM's speed
+drifts by up to 2x within minutes, so only a comparison made in the same minutes means
+anything (`git worktree add /tmp/base <commit>` and build it in place for the baseline).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -53,22 +59,62 @@ def run_once(llm: LLM, decodes: int, steps: int) -> tuple[float, float]:
     return statistics.median(times), cpu
 
 
+def measure(decodes: int, steps: int, repeats: int, threads: int) -> dict[str, float | list[float]]:
+    torch.set_num_threads(threads)
+    llm = LLM("tiny", token_budget=max(decodes, 64), max_num_seqs=decodes, num_kv_blocks=1024)
+    run_once(llm, decodes, 20)  # warm-up
+    runs = [run_once(llm, decodes, steps) for _ in range(repeats)]
+    return {"wall_ms": statistics.median(r[0] for r in runs) * 1e3,
+            "cpu_ms": statistics.median(r[1] for r in runs) * 1e3, "runs_ms": [r[0] * 1e3 for r in runs]}
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Pairs of fresh processes, the baseline's package and this one's, in alternating
+    order; each prints its measure() as JSON."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__import__("sarathi_rt").__file__)))
+    child = [sys.executable, os.path.abspath(__file__), "--json", "--decodes", str(args.decodes),
+             "--steps", str(args.steps), "--repeats", str(args.repeats), "--threads", str(args.threads)]
+    results: dict[str, list[dict]] = {"baseline": [], "this": []}
+    for pair in range(args.pairs):
+        for side in (("baseline", "this") if pair % 2 == 0 else ("this", "baseline")):
+            path = args.baseline if side == "baseline" else here
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])}
+            out = subprocess.run(child, env=env, check=True, capture_output=True, text=True).stdout
+            results[side].append(json.loads(out.splitlines()[-1]))
+    base = [r["wall_ms"] for r in results["baseline"]]
+    this = [r["wall_ms"] for r in results["this"]]
+    ratios = [t / b for t, b in zip(this, base)]
+    print(f"tiny, {args.decodes} decodes, {args.threads} thread(s), {args.pairs} pairs of processes:")
+    print(f"  baseline {args.baseline}: median {statistics.median(base):.3f} ms/step "
+          f"(pairs: {', '.join(f'{x:.3f}' for x in base)})")
+    print(f"  this     {here}: median {statistics.median(this):.3f} ms/step "
+          f"(pairs: {', '.join(f'{x:.3f}' for x in this)})")
+    print(f"  this / baseline: median {statistics.median(ratios):.2f}x (pairs {min(ratios):.2f}-{max(ratios):.2f}x); "
+          f"this / target {TARGET_MS} ms: {statistics.median(this) / TARGET_MS:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--decodes", type=int, default=64)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads (1: overhead, not compute)")
+    ap.add_argument("--baseline", default=None, help="another checkout's python/ directory to compare with")
+    ap.add_argument("--pairs", type=int, default=5, help="with --baseline: pairs of processes")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    llm = LLM("tiny", token_budget=max(args.decodes, 64), max_num_seqs=args.decodes, num_kv_blocks=1024)
-    run_once(llm, args.decodes, 20)  # warm-up
-    runs = [run_once(llm, args.decodes, args.steps) for _ in range(args.repeats)]
-    wall = statistics.median(r[0] for r in runs) * 1e3
-    cpu = statistics.median(r[1] for r in runs) * 1e3
-    print(f"tiny, {args.decodes} decodes, {args.threads} thread(s): median {wall:.3f} ms/step wall, "
-          f"{cpu:.3f} ms/step CPU (runs: {', '.join(f'{r[0] * 1e3:.3f}' for r in runs)} ms wall); "
-          f"target {TARGET_MS} ms -> {wall / TARGET_MS:.2f}x of target")
+    if args.baseline is not None:
+        if not os.path.isdir(os.path.join(args.baseline, "sarathi_rt")):
+            raise SystemExit(f"--baseline must be a directory holding the sarathi_rt package, got {args.baseline!r}")
+        compare(args)
+        return
+    r = measure(args.decodes, args.steps, args.repeats, args.threads)
+    if args.json:
+        print(json.dumps(r))
+        return
+    print(f"tiny, {args.decodes} decodes, {args.threads} thread(s): median {r['wall_ms']:.3f} ms/step wall, "
+          f"{r['cpu_ms']:.3f} ms/step CPU (runs: {', '.join(f'{x:.3f}' for x in r['runs_ms'])} ms wall); "
+          f"target {TARGET_MS} ms -> {r['wall_ms'] / TARGET_MS:.2f}x of target")
 
 
 if __name__ == "__main__":
