@@ -103,6 +103,22 @@ def test_silu_and_mul_matches_float64_reference(device: str, dtype: torch.dtype,
     _close(out, reference.silu_and_mul(x.double()), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_silu_and_mul_rounds_once_to_nearest_even_on_cpu(dtype: torch.dtype) -> None:
+    # Computed in float32 from exactly the same inputs, then rounded once: the half-precision
+    # result must be torch's round-to-nearest-even of the float32 one, bit for bit, in full
+    # and partial vectors (37 lanes), infinities included; NaN stays NaN (torch and we may
+    # pick different NaN payloads).
+    x = (_randn(5, 2 * 37) * 40).to(dtype)
+    x[0, 0], x[1, 3], x[2, 5], x[3, 37 + 2] = float("inf"), float("-inf"), float("nan"), float("nan")
+    out = ops.silu_and_mul(x)
+    expected = ops.silu_and_mul(x.float()).to(dtype)
+    nan = expected.isnan()
+    assert nan.sum() == 3 and torch.equal(out.isnan(), nan)  # silu(-inf) * up is NaN too
+    assert torch.equal(out[~nan].view(torch.int16), expected[~nan].view(torch.int16))
+    assert out.isinf().any()
+
+
 def test_silu_and_mul_strided_rows_and_bad_inputs() -> None:
     buf = _randn(6, 3, 40)
     assert torch.equal(ops.silu_and_mul(buf[:, 0]), ops.silu_and_mul(buf[:, 0].contiguous()))

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "cpu_dtype.h"
 
@@ -70,6 +71,28 @@ SRT_SIMD_INLINE vf load_row(const T* row, int64_t d, int64_t len) {
   return d + kLanes <= len ? load(row + d) : load_partial(row + d, len - d);
 }
 SRT_SIMD_INLINE void store(float* p, const vf& v) { std::memcpy(p, &v, sizeof(v)); }
+// Lanes d .. d + kLanes of v into a row of `len` elements (d a multiple of kLanes), each
+// rounded to T as from_float rounds it, without writing past row + len.
+SRT_SIMD_INLINE vu16 bf16_bits(const vf& v) {
+  vu32 u;
+  std::memcpy(&u, &v, sizeof(u));
+  const vu32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // to nearest even
+  const vu32 bits = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;  // NaN stays quiet NaN
+  return __builtin_convertvector(bits, vu16);
+}
+template <typename T>
+SRT_SIMD_INLINE void store_row(T* row, int64_t d, int64_t len, const vf& v) {
+  const int64_t n = d + kLanes <= len ? kLanes : len - d;
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(row + d, &v, n * sizeof(float));
+  } else if constexpr (std::is_same_v<T, f16>) {
+    const vh h = __builtin_convertvector(v, vh);
+    std::memcpy(row + d, &h, n * sizeof(f16));
+  } else {
+    const vu16 h = bf16_bits(v);
+    std::memcpy(row + d, &h, n * sizeof(uint16_t));
+  }
+}
 // Asks for every cache line of [p, p + bytes) ahead of its use.
 SRT_SIMD_INLINE void prefetch(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b);

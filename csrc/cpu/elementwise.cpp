@@ -98,8 +98,7 @@ SRT_CPU_CLONES void silu_and_mul_rows(const SiluAndMulParams& p) {
     const T* up = gate + I;
     T* o = out + t * p.out_stride;
     for (int64_t i = 0; i < I; i += cpu::kLanes) {
-      const cpu::vf r = silu(cpu::load_row(gate, i, I)) * cpu::load_row(up, i, I);
-      for (int64_t lane = 0; lane < cpu::kLanes && i + lane < I; ++lane) o[i + lane] = round_to<T>(r[lane]);
+      cpu::store_row(o, i, I, silu(cpu::load_row(gate, i, I)) * cpu::load_row(up, i, I));
     }
   }
 }
