@@ -51,11 +51,13 @@ class SarathiScheduler(Scheduler):
     def _build(self, b: StepBuilder) -> None:
         decodes, prefills = self._split_running()
         self._schedule_decodes(b, decodes)
-        if self.config.tbt_slo is not None:
-            self._size_budget(b, prefills)
         cfg = self.config
-        # Blocks kept free for the decodes' next steps (adaptive only: see _decode_need).
-        keep = self._decode_need() if cfg.tbt_slo is not None else 0
+        keep = 0
+        if cfg.tbt_slo is not None:
+            past_prompt = self._decodes()  # in flight or not
+            self._size_budget(b, prefills, past_prompt)
+            # Blocks kept free for the decodes' next steps (see _decode_need).
+            keep = self._decode_need(past_prompt)
         # Prompts that will still be partial after this step (in-flight ones counted
         # as partial, conservatively); a newcomer may only add to these within limits.
         num_partial = sum(1 for r in self._running.values()
@@ -80,9 +82,10 @@ class SarathiScheduler(Scheduler):
                 num_partial += 1
             self._admit(b, n)
 
-    def _size_budget(self, b: StepBuilder, prefills: list[Request]) -> None:
+    def _size_budget(self, b: StepBuilder, prefills: list[Request], decodes: list[Request]) -> None:
         """Set the step's budget from the step-time model. Decodes are never dropped;
-        a step with no prefill work to do keeps exactly its decodes (no padding)."""
+        a step with no prefill work to do keeps exactly its decodes (no padding).
+        `decodes`: every running request past its prompt."""
         plan, cfg = b.plan, self.config
         num_decodes = plan.num_decode_tokens
         waiting = self._waiting and b.admission_open and len(self._running) < cfg.max_num_seqs
@@ -94,15 +97,15 @@ class SarathiScheduler(Scheduler):
         context = head.num_computed if head is not None else 0
         quantum = cfg.tile_size or 1
         model, limit = self.step_time_model, cfg.tbt_slo * (1 - cfg.slo_margin)  # type: ignore[operator]
+        pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
         if self._cache_binds():
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
-                                        cfg.token_budget, quantum, self._arrival_pace(prefills))
+                                        cfg.token_budget, quantum, self._arrival_pace(pending))
         else:
-            pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
             backlog = sum(r.prefill_target - r.num_computed for r in pending)
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, backlog=backlog,
-                                        decode_steps=self._decode_steps(self._decodes()))
+                                        decode_steps=self._decode_steps(decodes))
         if n == 0 and not plan.entries:
             n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
         b.budget = num_decodes + n
@@ -119,11 +122,12 @@ class SarathiScheduler(Scheduler):
                 return True
         return False
 
-    def _arrival_pace(self, prefills: list[Request]) -> int:
-        """Prefill tokens for this step at the rate the pending prompts arrived: their
-        tokens (the part already prefilled too) divided by the steps from the one the
-        oldest of them arrived during to this one, rounded up to a tile-aligned step (at
-        least one prefill token). Counting the prefilled part keeps a lone prompt from
+    def _arrival_pace(self, pending: list[Request]) -> int:
+        """Prefill tokens for this step at the rate the `pending` prompts (running
+        prefills, then the waiting queue) arrived: their tokens (the part already
+        prefilled too) divided by the steps from the one the oldest of them arrived
+        during to this one, rounded up to a tile-aligned step (at least one prefill
+        token). Counting the prefilled part keeps a lone prompt from
         slowing down as it ages: it still finishes in a few steps.
 
         While the cache binds, prefilling faster than the prompts arrive only fills the
@@ -131,13 +135,12 @@ class SarathiScheduler(Scheduler):
         makes its step slower per prefill token (its attention grows with the chunk and
         the step stops being memory-bound), so every running request holds its blocks
         longer. Paced, the same prompts ride in many steps' memory-bound slack."""
-        pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
         arrived = sum(r.prefill_target for r in pending)
         steps = self._step - min(r.arrival_step for r in pending) + 1
         return -(-arrived // steps)
 
-    def _decode_need(self) -> int:
-        """Blocks the running decodes will take before the next of them finishes (or
+    def _decode_need(self, decodes: list[Request]) -> int:
+        """Blocks the running `decodes` will take before the next of them finishes (or
         within MAX_DECODE_HEADROOM_STEPS steps).
 
         Until a request finishes no block comes back, so a prefill that takes these
@@ -146,7 +149,6 @@ class SarathiScheduler(Scheduler):
         slowly enough that this is rare; the adaptive budget, which may prefill a whole
         queue in a few steps, must leave them free."""
         bs = self.config.block_size
-        decodes = self._decodes()
         if not decodes:
             return 0
         steps = self._decode_steps(decodes)
