@@ -26,7 +26,7 @@ import time
 from sarathi_rt.commands._serving import EngineBackend, SimBackend, add_common_args, fill_defaults
 from sarathi_rt.metrics import MetricsSummary, summarize
 from sarathi_rt.shape_profiling import speed_factor
-from sarathi_rt.sim.shape_model import ShapeCostModel, ShapeProfile
+from sarathi_rt.sim.shape_model import ShapeCostModel
 from sarathi_rt.workloads import make_workload
 
 METRICS = {"TTFT P50": lambda s: s.ttft.p50, "TTFT P99": lambda s: s.ttft.p99, "TBT P50": lambda s: s.tbt.p50,
@@ -81,19 +81,19 @@ def main() -> None:
         workload = make_workload(_workload(eng.args, float(qps), eng.max_total_tokens))
         assert workload == make_workload(_workload(sim.args, float(qps), sim.max_total_tokens))
         report[spec] = {}
-        measured = ShapeProfile.load(profile)
+        as_measured = sim.cost_model  # a ShapeCostModel of the profile, at its own speed
         for policy in args.policies.split(","):
             # The machine's speed, re-timed beside every real run (before each and after
             # the last) on the profile's own mixed batches; the simulation runs at their
             # median, and once more at the profile's speed for comparison.
-            real, speed = [], [speed_factor(eng.engine(policy, workload), measured)]
+            real, speed = [], [speed_factor(eng.engine(policy, workload), as_measured.profile)]
             for _ in range(args.runs):
                 real.append(summarize(*eng.run(policy, workload, None)))
-                speed.append(speed_factor(eng.engine(policy, workload), measured))
+                speed.append(speed_factor(eng.engine(policy, workload), as_measured.profile))
             scale = statistics.median(speed)
-            sim.cost_model = ShapeCostModel(measured, time_scale=1.0)
+            sim.cost_model = as_measured
             as_profiled = compare(real, summarize(*sim.run(policy, workload, None)))
-            sim.cost_model = ShapeCostModel(measured, time_scale=scale)
+            sim.cost_model = ShapeCostModel(as_measured.profile, time_scale=scale)
             rows = compare(real, summarize(*sim.run(policy, workload, None)))
             report[spec][policy] = {
                 "speed": speed, "time_scale": scale,

@@ -98,8 +98,7 @@ class ShapeCostModel(ShapeCost):
             raise ValueError(f"profile has {len(profile.steps)} measured steps; at least 4 are needed")
         if not time_scale > 0 or time_scale == float("inf"):
             raise ValueError(f"time_scale must be a positive finite number, got {time_scale!r}")
-        self.profile, self.comm_s, self.time_scale = profile, comm_s, time_scale
-        self.host_s = profile.host_overhead_s * time_scale
+        self.profile, self.comm_s, self.host_s = profile, comm_s, profile.host_overhead_s * time_scale
         shapes = [s.shape() for s in profile.steps]
         self._grid = sorted({sh.num_tokens for sh in shapes if not (sh.num_prefill_tokens and sh.num_decodes)})
         if not self._grid:
