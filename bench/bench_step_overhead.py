@@ -30,6 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", _threads)
 
 import torch  # noqa: E402
 
+import sarathi_rt  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
 
 TARGET_MS = 1.5
@@ -71,7 +72,7 @@ def measure(decodes: int, steps: int, repeats: int, threads: int) -> dict[str, f
 def compare(args: argparse.Namespace) -> None:
     """Pairs of fresh processes, the baseline's package and this one's, in alternating
     order; each prints its measure() as JSON."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__import__("sarathi_rt").__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(sarathi_rt.__file__)))
     child = [sys.executable, os.path.abspath(__file__), "--json", "--decodes", str(args.decodes),
              "--steps", str(args.steps), "--repeats", str(args.repeats), "--threads", str(args.threads)]
     results: dict[str, list[dict]] = {"baseline": [], "this": []}

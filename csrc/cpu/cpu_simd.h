@@ -71,15 +71,16 @@ SRT_SIMD_INLINE vf load_row(const T* row, int64_t d, int64_t len) {
   return d + kLanes <= len ? load(row + d) : load_partial(row + d, len - d);
 }
 SRT_SIMD_INLINE void store(float* p, const vf& v) { std::memcpy(p, &v, sizeof(v)); }
-// Lanes d .. d + kLanes of v into a row of `len` elements (d a multiple of kLanes), each
-// rounded to T as from_float rounds it, without writing past row + len.
+// from_float<bf16> of every lane: round to nearest even, NaN to a quiet NaN.
 SRT_SIMD_INLINE vu16 bf16_bits(const vf& v) {
   vu32 u;
   std::memcpy(&u, &v, sizeof(u));
-  const vu32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // to nearest even
-  const vu32 bits = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;  // NaN stays quiet NaN
+  const vu32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const vu32 bits = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
   return __builtin_convertvector(bits, vu16);
 }
+// Lanes d .. d + kLanes of v into a row of `len` elements (d a multiple of kLanes), each
+// rounded to T as from_float rounds it, without writing past row + len.
 template <typename T>
 SRT_SIMD_INLINE void store_row(T* row, int64_t d, int64_t len, const vf& v) {
   const int64_t n = d + kLanes <= len ? kLanes : len - d;
