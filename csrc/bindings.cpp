@@ -1,23 +1,20 @@
-// The one pybind11 file: turns Python ints (data pointers), shapes and strides into the
-// params structs, releases the GIL around kernels, and maps Status to exceptions.
+// The module's bindings: turn Python ints (data pointers), shapes and strides into the
+// params structs, release the GIL around kernels, and map Status to exceptions.
+// build_info.cpp adds how the module was built.
 // Tensor-level validation (dtype, shape, device, layout) lives in sarathi_rt.ops.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <array>
 #include <string>
-#include <vector>
 
+#include "build_info.h"
 #include "sarathi_rt/attention_plan.h"
 #include "sarathi_rt/block_allocator.h"
 #include "sarathi_rt/elementwise.h"
 #include "sarathi_rt/gemm.h"
 #include "sarathi_rt/gemm_plan.h"
 #include "sarathi_rt/kv_ops.h"
-
-#if defined(SARATHI_RT_WITH_OPENMP)
-#include <omp.h>
-#endif
 
 namespace py = pybind11;
 using namespace sarathi_rt;
@@ -361,18 +358,6 @@ py::dict gemm_plan(int64_t m, int64_t n, int64_t k, int dtype, int arch, int num
   return d;
 }
 
-#if defined(SARATHI_RT_WITH_CUDA)
-std::vector<std::string> split_list(const std::string& all) {
-  std::vector<std::string> items;
-  for (size_t start = 0, end; start <= all.size(); start = end + 1) {
-    end = all.find(',', start);
-    if (end == std::string::npos) end = all.size();
-    if (end > start) items.push_back(all.substr(start, end - start));
-  }
-  return items;
-}
-#endif
-
 py::dict gemm_kernel_occupancy(int config, int dtype, bool split_k, int device) {
 #if defined(SARATHI_RT_WITH_CUDA)
   GemmKernelOccupancy occ;
@@ -386,46 +371,12 @@ py::dict gemm_kernel_occupancy(int config, int dtype, bool split_k, int device) 
 #endif
 }
 
-py::dict build_info() {
-  py::dict info;
-  info["version"] = SARATHI_RT_VERSION;
-#if defined(SARATHI_RT_WITH_CUDA)
-  info["cuda_compiled"] = true;
-  info["cuda_archs"] = split_list(SARATHI_RT_CUDA_ARCHS);
-  info["cuda_sass"] = split_list(SARATHI_RT_CUDA_SASS);
-  info["cuda_ptx"] = split_list(SARATHI_RT_CUDA_PTX);
-#else
-  info["cuda_compiled"] = false;
-  info["cuda_archs"] = std::vector<std::string>{};
-  info["cuda_sass"] = std::vector<std::string>{};
-  info["cuda_ptx"] = std::vector<std::string>{};
-#endif
-#if defined(SARATHI_RT_GEMM_REGISTERS_FROM_BUILD)
-  info["gemm_registers"] = "ptxas";  // the planner's register counts come from this build's kernels
-#else
-  info["gemm_registers"] = "defaults";
-#endif
-#if defined(SARATHI_RT_WITH_OPENMP)
-  info["openmp"] = true;
-  info["omp_max_threads"] = omp_get_max_threads();
-#else
-  info["openmp"] = false;
-  info["omp_max_threads"] = 1;
-#endif
-#if defined(SARATHI_RT_CUTLASS_VERSION)
-  info["cutlass_version"] = SARATHI_RT_CUTLASS_VERSION;
-#else
-  info["cutlass_version"] = py::none();
-#endif
-  return info;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "sarathi_rt C++/CUDA core: raw-pointer kernels behind sarathi_rt.ops";
 
-  m.def("build_info", &build_info, "How this module was built.");
+  bind_build_info(m);
 
   py::enum_<DType>(m, "DType")
       .value("float32", DType::kFloat32)
