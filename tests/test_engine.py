@@ -63,6 +63,20 @@ def test_generate_outputs_and_metrics(llm: LLM) -> None:
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == [o.token_ids for o in outs]
 
 
+def test_step_observer_sees_every_step_and_its_time(llm: LLM) -> None:
+    seen = []
+    engine, before = llm.engine, llm.engine.num_steps
+    engine.step_observer = lambda plan, seconds: seen.append((plan, seconds))
+    try:
+        llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
+    finally:
+        engine.step_observer = None
+    steps = engine.steps_since(before)
+    assert len(seen) == len(steps) > 0
+    for (plan, seconds), s in zip(seen, steps):
+        assert (plan.num_tokens, plan.num_prefill_tokens, seconds) == (s.num_tokens, s.num_prefill_tokens, s.duration)
+
+
 @pytest.mark.parametrize("prompt, params, error, match", [
     ([], GREEDY, ValueError, "empty"),
     ([1] * 1024, GREEDY, ValueError, "max_model_len"),

@@ -6,7 +6,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence as Seq
 from typing import Hashable
 
 from sarathi_rt.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeline_wait
@@ -47,8 +47,12 @@ class LLMEngine:
     METRICS_WINDOW = 65536
 
     def __init__(self, config: EngineConfig, executor: Executor | None = None,
-                 tokenizer: TextDecoder | None = None) -> None:
+                 tokenizer: TextDecoder | None = None,
+                 step_observer: Callable[[BatchPlan, float], None] | None = None) -> None:
         self.config = config
+        # Called with each finished step's plan and its measured seconds: how tools such
+        # as the simulator-fidelity bench see the shapes the engine ran (None: no cost).
+        self.step_observer = step_observer
         self.tokenizer = tokenizer
         self.model_config, _ = resolve_config(config.model)
         self.max_model_len = config.model_len(self.model_config)
@@ -247,6 +251,8 @@ class LLMEngine:
         if self.step_time_model is not None:  # predicted before it learns from this step
             predicted = self.step_time_model.predict_shape(StepShape.of_plan(plan))
             self.step_time_model.observe(plan, now - start)
+        if self.step_observer is not None:
+            self.step_observer(plan, now - start)
         self.step_metrics.append(StepMetrics(start, now - start, plan.num_tokens, plan.num_prefill_tokens,
                                              plan.num_decode_tokens, len(plan.entries), plan.tile_padding,
                                              predicted))
