@@ -3,12 +3,13 @@ engine by shape (tiny preset, few shapes), and simulating from a saved profile."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from sarathi_rt.cli import main
 from sarathi_rt.scheduler.step_time import StepShape
-from sarathi_rt.shape_profiling import chunk_grid, decode_grid, measure, profile_batches, speed_factor
+from sarathi_rt.shape_profiling import chunk_grid, decode_grid, measure, profile_batches, run_speed, speed_factor
 from sarathi_rt.sim.shape_model import MeasuredStep, ShapeCostModel, ShapeProfile
 
 
@@ -84,21 +85,27 @@ def test_time_scale_follows_the_machine_speed() -> None:
             ShapeCostModel(profile, time_scale=bad)
 
 
+def test_run_speed_is_the_median_of_measured_over_predicted() -> None:
+    model = ShapeCostModel(_profile())
+    shapes = [m.shape() for m in _profile().steps[:9]]
+    # Seven steps ran 1.3x the prediction; two outliers (a hiccup, a fast one) do not move it.
+    times = [1.3 * model.predict_shape(sh) for sh in shapes[:7]] + [9 * model.predict_shape(shapes[7]), 0.0]
+    assert run_speed(model, list(zip(shapes, times))) == pytest.approx(1.3, rel=1e-9)
+    with pytest.raises(ValueError, match="steps is empty"):
+        run_speed(model, [])
+
+
 @pytest.mark.slow
 def test_speed_factor_retimes_the_mixed_batches() -> None:
     from sarathi_rt import LLM
 
     engine = LLM(model="tiny", token_budget=64, max_num_seqs=4, num_kv_blocks=64).engine
-    batches = [(0, 0, 4, 30), (24, 10, 0, 0), (8, 30, 2, 30), (16, 30, 4, 30)]
-    now = measure(engine, batches, repeats=3)
-    # A profile that says the machine took 50x as long: it runs 1/50 as long now. The
-    # pure batches are not re-timed, so their recorded times do not matter.
-    then = ShapeProfile(tuple(MeasuredStep(s.num_prefill_tokens, s.prefill_context, s.num_decodes, s.decode_context,
-                                           False, tuple(50 * t if s.num_prefill_tokens and s.num_decodes else 1.0
-                                                        for t in s.seconds)) for s in now), 0.0)
-    assert 1 / 150 < speed_factor(engine, then) < 3 / 50
+    now = measure(engine, profile_batches(30, 4, 24), repeats=3)
+    # A profile that says the machine took 50x as long: it runs 1/50 as long now.
+    then = ShapeProfile(tuple(replace(s, seconds=tuple(50 * t for t in s.seconds)) for s in now), 0.0)
+    assert 1 / 150 < speed_factor(engine, ShapeCostModel(then)) < 3 / 50
     with pytest.raises(ValueError, match="no mixed batch"):
-        speed_factor(engine, ShapeProfile(tuple(s for s in then.steps if not s.num_decodes), 0.0))
+        speed_factor(engine, ShapeCostModel(ShapeProfile(tuple(s for s in then.steps if not s.num_decodes), 0.0)))
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@ only batches on a dense grid up to max_num_seqs, prefill chunks up to the larges
 chunk, and mixed batches, at the workload's mean context and at a quarter of it (two
 contexts tell the attention terms from the dense ones); then a short real run of the
 workload measures the host's per-step overhead. `speed_factor` re-times part of a profile
-later, so that a simulation can follow the machine's speed."""
+later, and `run_speed` reads it off a real run's own steps, so that a simulation can follow
+the machine's speed."""
 from __future__ import annotations
 
 import random
@@ -11,7 +12,8 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from sarathi_rt.sim.shape_model import MeasuredStep, ShapeProfile
+from sarathi_rt.scheduler.step_time import StepShape
+from sarathi_rt.sim.shape_model import MeasuredStep, ShapeCostModel, ShapeProfile
 from sarathi_rt.workloads import RequestSpec
 
 if TYPE_CHECKING:
@@ -97,18 +99,30 @@ def host_overhead(engine: LLMEngine, workload: Sequence[RequestSpec], seed: int)
     return statistics.median(s.duration - e for s, e in zip(steps, executed)) if steps else 0.0
 
 
-def speed_factor(engine: LLMEngine, profile: ShapeProfile, *, repeats: int = 3, seed: int = 0) -> float:
-    """How much slower (> 1) or faster the machine runs now than when `profile` was
-    taken: the median over the profile's mixed batches (a chunk beside decodes, every
-    cost term at once) of (time now / time then), each timed `repeats` times now. Pass
-    it as ShapeCostModel's time_scale to simulate a run made now. The engine must be
-    idle (as for `measure`) and configured as when the profile was taken."""
-    ref = [s for s in profile.steps if s.num_prefill_tokens and s.num_decodes]
+def speed_factor(engine: LLMEngine, model: ShapeCostModel, *, repeats: int = 3, seed: int = 0) -> float:
+    """How much slower (> 1) or faster the machine runs now than `model` predicts: the
+    median over its profile's mixed batches (a chunk beside decodes, every cost term at
+    once) of (time now / the model's time), each timed `repeats` times now. Against the
+    model, not the profile's own timings of those batches: one batch's timing carries its
+    own jitter (a CPU's repeats spread 20-50%), the fit pools all of them. Pass it as
+    ShapeCostModel's time_scale to simulate a run made now. The engine must be idle (as
+    for `measure`) and configured as when the profile was taken."""
+    ref = [s for s in model.profile.steps if s.num_prefill_tokens and s.num_decodes]
     if not ref:
         raise ValueError("profile has no mixed batch to re-time")
     now = measure(engine, [(s.num_prefill_tokens, s.prefill_context, s.num_decodes, s.decode_context) for s in ref],
                   repeats=repeats, seed=seed)
-    return statistics.median(n.median / s.median for n, s in zip(now, ref))
+    return statistics.median(n.median / model.model_time(s.shape()) for n, s in zip(now, ref))
+
+
+def run_speed(model: ShapeCostModel, steps: Sequence[tuple[StepShape, float]]) -> float:
+    """The machine's speed during a real run relative to `model`'s (pass it as
+    ShapeCostModel's time_scale): the median over the run's steps, as (shape, measured
+    seconds) pairs from LLMEngine's step_observer, of measured / predicted time. Unlike
+    `speed_factor` it needs no idle engine, and it sees the speed the run itself had."""
+    if not steps:
+        raise ValueError("steps is empty: a run's speed needs at least one measured step")
+    return statistics.median(seconds / model.predict_shape(shape) for shape, seconds in steps)
 
 
 def profile_engine(engine: LLMEngine, context_len: int, max_decodes: int, max_chunk: int,
