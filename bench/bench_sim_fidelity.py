@@ -5,13 +5,14 @@ simulated error against the real median next to the real runs' own spread
 ((max - min) / median). A metric passes when its error is within the spread or 10%.
 
 A shared machine's speed drifts by tens of percent within minutes, so the simulation
-runs at the machine's speed, measured two ways against the profile's model: the
-profile's mixed batches are re-timed beside every real run (`speed_factor`, before each
-and after the last: a prediction made before the run), and each real run's own steps are
-read as they run (`run_speed`: the speed that run had). The simulation at the median
-probe is the headline; the errors at each run's own speed (one simulation per real run,
-their median) and at the profile's speed are printed beside it. One timing of a batch
-on a 2-core VM jitters by ~25% (p10 to p90 of back-to-back repeats), hence 9 rounds.
+runs at the machine's speed, measured two ways against the profile's model: steps of the
+simulated run (32, evenly spaced) are re-timed on the engine beside every real run
+(`speed_factor`, before each and after the last: a prediction made before the run), and
+each real run's own steps are read as they run (`run_speed`: the speed that run had).
+The simulation at the median probe is the headline; the errors at each run's own speed
+(one simulation per real run, their median) and at the profile's speed are printed
+beside it. One timing of a batch on a 2-core VM jitters by ~25% (p10 to p90 of
+back-to-back repeats), hence 9 rounds.
 
     python bench/bench_sim_fidelity.py [--workloads 12@0.75,24@1.5] [--policies sarathi,vllm]
                                        [--runs 3] [--repeats 9] [--threads 1]
@@ -27,18 +28,21 @@ import os
 import statistics
 import time
 
-from sarathi_rt.commands._serving import EngineBackend, SimBackend, add_common_args, fill_defaults
+from sarathi_rt.commands._serving import EngineBackend, SimBackend, add_common_args, fill_defaults, scheduler_config
 from sarathi_rt.engine import LLMEngine
 from sarathi_rt.metrics import MetricsSummary, summarize
 from sarathi_rt.replay import replay, warm_up
+from sarathi_rt.scheduler import BatchPlan
 from sarathi_rt.scheduler.step_time import StepShape
 from sarathi_rt.shape_profiling import run_speed, speed_factor
 from sarathi_rt.sim.shape_model import ShapeCostModel
+from sarathi_rt.sim.simulator import simulate
 from sarathi_rt.workloads import RequestSpec, make_workload
 
 METRICS = {"TTFT P50": lambda s: s.ttft.p50, "TTFT P99": lambda s: s.ttft.p99, "TBT P50": lambda s: s.tbt.p50,
            "TBT P99": lambda s: s.tbt.p99, "steps": lambda s: s.num_steps, "stalls": lambda s: s.stalls,
            "tokens/s": lambda s: s.tokens_per_s}
+PROBE_STEPS = 32  # simulated steps re-timed per speed probe: ~4 s on the CPU engine
 
 
 def serving_args(extra: list[str]) -> argparse.Namespace:
@@ -91,16 +95,19 @@ def main() -> None:
         report[spec] = {}
         as_measured = sim.cost_model  # a ShapeCostModel of the profile, at its own speed
         for policy in args.policies.split(","):
-            real, speed, own = [], [speed_factor(eng.engine(policy, workload), as_measured)], []
+            plans: list[BatchPlan] = []
+            at_profile = _simulate(sim, as_measured, 1.0, policy, workload, plans)
+            probe = plans[::max(1, len(plans) // PROBE_STEPS)]
+            real, speed, own = [], [speed_factor(eng.engine(policy, workload), as_measured, probe)], []
             for _ in range(args.runs):
                 summary, run_steps = _real_run(eng.engine(policy, workload), workload, eng.args.seed)
                 real.append(summary)
                 own.append(run_speed(as_measured, run_steps))
-                speed.append(speed_factor(eng.engine(policy, workload), as_measured))
+                speed.append(speed_factor(eng.engine(policy, workload), as_measured, probe))
             scale = statistics.median(speed)
             at = {"probed": compare(real, [_simulate(sim, as_measured, scale, policy, workload)]),
                   "own": compare(real, [_simulate(sim, as_measured, x, policy, workload) for x in own]),
-                  "profile": compare(real, [_simulate(sim, as_measured, 1.0, policy, workload)])}
+                  "profile": compare(real, [at_profile])}
             report[spec][policy] = {
                 "probed_speed": speed, "time_scale": scale, "own_speed": own,
                 "metrics": [{"metric": r[0], "real": r[1], **{f"sim_{k}": at[k][i][2] for k in at},
@@ -132,10 +139,13 @@ def _real_run(engine: LLMEngine, workload: list[RequestSpec], seed: int
     return summary, steps
 
 
-def _simulate(sim: SimBackend, model: ShapeCostModel, scale: float, policy: str, workload: list[RequestSpec]
-              ) -> MetricsSummary:
-    sim.cost_model = model if scale == 1.0 else ShapeCostModel(model.profile, time_scale=scale)
-    return summarize(*sim.run(policy, workload, None))
+def _simulate(sim: SimBackend, model: ShapeCostModel, scale: float, policy: str, workload: list[RequestSpec],
+              plans: list[BatchPlan] | None = None) -> MetricsSummary:
+    """The simulated run at `scale` x the profile's time; its plans appended to `plans`."""
+    cost = model if scale == 1.0 else ShapeCostModel(model.profile, time_scale=scale)
+    res = simulate(workload, scheduler_config(sim.args, policy, workload, sim.num_blocks), cost,
+                   step_observer=None if plans is None else lambda plan, _: plans.append(plan))
+    return summarize(res.requests, res.steps)
 
 
 def _cell(row: tuple[str, float, float, float, bool]) -> str:

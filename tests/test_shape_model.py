@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from sarathi_rt.cli import main
+from sarathi_rt.scheduler import BatchPlan, PlanEntry
 from sarathi_rt.scheduler.step_time import StepShape
 from sarathi_rt.shape_profiling import chunk_grid, decode_grid, measure, profile_batches, run_speed, speed_factor
 from sarathi_rt.sim.shape_model import MeasuredStep, ShapeCostModel, ShapeProfile
@@ -96,7 +97,7 @@ def test_run_speed_is_the_median_of_measured_over_predicted() -> None:
 
 
 @pytest.mark.slow
-def test_speed_factor_retimes_the_mixed_batches() -> None:
+def test_speed_factor_retimes_mixed_batches_or_given_plans() -> None:
     from sarathi_rt import LLM
 
     engine = LLM(model="tiny", token_budget=64, max_num_seqs=4, num_kv_blocks=64).engine
@@ -106,6 +107,17 @@ def test_speed_factor_retimes_the_mixed_batches() -> None:
     assert 1 / 150 < speed_factor(engine, ShapeCostModel(then)) < 3 / 50
     with pytest.raises(ValueError, match="no mixed batch"):
         speed_factor(engine, ShapeCostModel(ShapeProfile(tuple(s for s in then.steps if not s.num_decodes), 0.0)))
+    # Given the steps a run will make (here two of a simulation's plans), it re-times those.
+    plans = [BatchPlan(0, [PlanEntry(0, 10, 14, True, True), PlanEntry(1, 20, 1, False, True)], 14, 1),
+             BatchPlan(1, [PlanEntry(1, 21, 1, False, True)], 0, 1)]
+    run, ran = engine.executor.execute, []
+    engine.executor.execute = lambda step: ran.append(sorted((c.start_pos, len(c.token_ids)) for c in step.chunks)) \
+        or run(step)
+    assert 1 / 150 < speed_factor(engine, ShapeCostModel(then), plans) < 3 / 50
+    del engine.executor.execute
+    assert {tuple(r) for r in ran} == {((10, 14), (20, 1)), ((21, 1),)}
+    with pytest.raises(ValueError, match="plans must be"):
+        speed_factor(engine, ShapeCostModel(then), [])
 
 
 @pytest.mark.slow

@@ -32,6 +32,17 @@ def test_chunked_prefill_and_decode_share_steps() -> None:
     assert res.requests[0].tbts == pytest.approx([0.01] * 4)
 
 
+def test_step_observer_sees_every_step_and_its_time() -> None:
+    wl = [RequestSpec(0, 0.0, 4, 5), RequestSpec(1, 0.001, 40, 2)]
+    seen: list[tuple[BatchPlan, float]] = []
+    res = simulate(wl, SchedulerConfig(token_budget=16, max_num_seqs=8), LinearCostModel(0.01, 0.001),
+                   step_observer=lambda plan, seconds: seen.append((plan, seconds)))
+    assert [(p.num_prefill_tokens, p.num_decode_tokens) for p, _ in seen] == \
+        [(s.num_prefill_tokens, s.num_decode_tokens) for s in res.steps]
+    assert [t for _, t in seen] == pytest.approx([s.duration for s in res.steps])
+    assert seen[1][1] == pytest.approx(0.01 + 0.001 * 16)
+
+
 def test_vllm_stalls_decodes_sarathi_does_not() -> None:
     wl = make_workload(WorkloadConfig(num_requests=60, qps=20.0, lengths="uniform", prompt_range=(50, 400),
                                       decode_range=(20, 60), seed=3))

@@ -2,9 +2,9 @@
 only batches on a dense grid up to max_num_seqs, prefill chunks up to the largest
 chunk, and mixed batches, at the workload's mean context and at a quarter of it (two
 contexts tell the attention terms from the dense ones); then a short real run of the
-workload measures the host's per-step overhead. `speed_factor` re-times part of a profile
-later, and `run_speed` reads it off a real run's own steps, so that a simulation can follow
-the machine's speed."""
+workload measures the host's per-step overhead. `speed_factor` re-times steps later
+(a simulation's, or part of the profile), and `run_speed` reads the speed off a real run's
+own steps, so that a simulation can follow the machine's speed."""
 from __future__ import annotations
 
 import random
@@ -18,6 +18,7 @@ from sarathi_rt.workloads import RequestSpec
 
 if TYPE_CHECKING:
     from sarathi_rt.engine import LLMEngine
+    from sarathi_rt.scheduler import BatchPlan
 
 
 def decode_grid(max_decodes: int) -> list[int]:
@@ -49,20 +50,27 @@ def profile_batches(context_len: int, max_decodes: int, max_chunk: int) -> list[
 def measure(engine: LLMEngine, batches: Sequence[tuple[int, int, int, int]], *, repeats: int = 3,
             warmup: int = 1, seed: int = 0) -> list[MeasuredStep]:
     """Wall time of each batch through the engine's executor (model forward and
-    sampling), `repeats` times after `warmup`. The engine must be idle: the batches
-    write throwaway KV into its cache blocks.
+    sampling), `repeats` times after `warmup` (see `_time_rows`). The engine must be idle:
+    the batches write throwaway KV into its cache blocks."""
+    rows = [[(dctx, 1, True)] * d + ([(pctx, q, False)] if q else []) for q, pctx, d, dctx in batches]
+    times = _time_rows(engine, rows, repeats=repeats, warmup=warmup, seed=seed)
+    return [MeasuredStep(q, pctx, d, dctx, False, tuple(t)) for (q, pctx, d, dctx), t in zip(batches, times)]
 
-    The repeats are rounds: each times every batch once, in a fresh (seeded) random
-    order. Timed batch after batch, a change of the machine's load during the profile
-    (minutes on a CPU) lands on whole groups of batches (all decodes at one context, say)
+
+def _time_rows(engine: LLMEngine, rows: Sequence[Sequence[tuple[int, int, bool]]], *, repeats: int,
+               warmup: int, seed: int) -> list[list[float]]:
+    """Executor wall times of the `synthetic_step` of each row list, `repeats` each.
+
+    The repeats are rounds: each times every step once, in a fresh (seeded) random
+    order. Timed step after step, a change of the machine's load during the profile
+    (minutes on a CPU) lands on whole groups of steps (all decodes at one context, say)
     as a systematic error the fit cannot tell from a real cost; in shuffled rounds it is
-    noise on every batch, which the median over the rounds removes."""
+    noise on every step, which the median over the rounds removes."""
     from sarathi_rt.budget import synthetic_step
 
     if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
-    steps = [synthetic_step(engine, [(dctx, 1, True)] * d + ([(pctx, q, False)] if q else []))
-             for q, pctx, d, dctx in batches]
+    steps = [synthetic_step(engine, r) for r in rows]
     for step in steps:
         for _ in range(warmup):
             engine.executor.execute(step)
@@ -75,7 +83,7 @@ def measure(engine: LLMEngine, batches: Sequence[tuple[int, int, int, int]], *, 
             t0 = time.perf_counter()
             engine.executor.execute(steps[i])
             times[i].append(time.perf_counter() - t0)
-    return [MeasuredStep(q, pctx, d, dctx, False, tuple(t)) for (q, pctx, d, dctx), t in zip(batches, times)]
+    return times
 
 
 def host_overhead(engine: LLMEngine, workload: Sequence[RequestSpec], seed: int) -> float:
@@ -99,20 +107,32 @@ def host_overhead(engine: LLMEngine, workload: Sequence[RequestSpec], seed: int)
     return statistics.median(s.duration - e for s, e in zip(steps, executed)) if steps else 0.0
 
 
-def speed_factor(engine: LLMEngine, model: ShapeCostModel, *, repeats: int = 3, seed: int = 0) -> float:
+def speed_factor(engine: LLMEngine, model: ShapeCostModel, plans: Sequence[BatchPlan] | None = None, *,
+                 repeats: int = 3, seed: int = 0) -> float:
     """How much slower (> 1) or faster the machine runs now than `model` predicts: the
-    median over its profile's mixed batches (a chunk beside decodes, every cost term at
-    once) of (time now / the model's time), each timed `repeats` times now. Against the
-    model, not the profile's own timings of those batches: one batch's timing carries its
-    own jitter (a CPU's repeats spread 20-50%), the fit pools all of them. Pass it as
-    ShapeCostModel's time_scale to simulate a run made now. The engine must be idle (as
-    for `measure`) and configured as when the profile was taken."""
-    ref = [s for s in model.profile.steps if s.num_prefill_tokens and s.num_decodes]
-    if not ref:
-        raise ValueError("profile has no mixed batch to re-time")
-    now = measure(engine, [(s.num_prefill_tokens, s.prefill_context, s.num_decodes, s.decode_context) for s in ref],
-                  repeats=repeats, seed=seed)
-    return statistics.median(n.median / model.model_time(s.shape()) for n, s in zip(now, ref))
+    median over `plans` of (time now / the model's time), each re-timed `repeats` times
+    now. Pass it as ShapeCostModel's time_scale to simulate a run made now.
+
+    Against the model, not a profile's own timing of a batch: one timing carries its own
+    jitter (a CPU's repeats spread 20-50%), the fit pools all of them. Give `plans` the
+    steps the run will make (a simulation's, through its step_observer): where the fit
+    is a few percent off, it is off by shape, so a probe of other shapes reads a speed the
+    run does not have. Without plans: the profile's mixed batches (a chunk beside decodes,
+    every cost term at once). The engine must be idle (as for `measure`) and configured
+    as when the profile was taken."""
+    if plans is None:
+        ref = [s for s in model.profile.steps if s.num_prefill_tokens and s.num_decodes]
+        if not ref:
+            raise ValueError("profile has no mixed batch to re-time")
+        now = measure(engine, [(s.num_prefill_tokens, s.prefill_context, s.num_decodes, s.decode_context)
+                               for s in ref], repeats=repeats, seed=seed)
+        return statistics.median(n.median / model.model_time(s.shape()) for n, s in zip(now, ref))
+    if not plans or any(p.is_empty for p in plans):
+        raise ValueError("plans must be a non-empty sequence of non-empty BatchPlans")
+    rows = [[(e.start_pos, e.num_tokens, e.emits_token) for e in p.entries] for p in plans]
+    times = _time_rows(engine, rows, repeats=repeats, warmup=1, seed=seed)
+    return statistics.median(statistics.median(t) / model.model_time(StepShape.of_plan(p))
+                             for t, p in zip(times, plans))
 
 
 def run_speed(model: ShapeCostModel, steps: Sequence[tuple[StepShape, float]]) -> float:

@@ -73,10 +73,12 @@ class PipelineLatency:
 
 def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig, cost_model: CostModel,
              *, pipeline_stages: int = 1, progress: Callable[[int], None] | None = None,
-             step_time_model: StepTimeModel | None = None) -> SimResult:
+             step_time_model: StepTimeModel | None = None,
+             step_observer: Callable[[BatchPlan, float], None] | None = None) -> SimResult:
     """Replay `workload` (sorted by arrival) through `scheduler_config.policy` with step
     times from `cost_model`. Deterministic: the same inputs give the same result.
-    `progress(n)` is called with the number of requests each step finished.
+    `progress(n)` is called with the number of requests each step finished;
+    `step_observer(plan, seconds)` with each step issued, as LLMEngine's is.
 
     With scheduler_config.tbt_slo the adaptive budget asks `step_time_model` (default:
     the cost model itself, which knows every step exactly; with pipeline stages, the
@@ -120,6 +122,8 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
                 done_at = _issue(plan, now, cost_model, k, free_at, busy, bubbles, index)
                 if learner is not None:
                     learner.observe(plan, done_at - now)
+                if step_observer is not None:
+                    step_observer(plan, done_at - now)
                 inflight.append(_InFlight(now, done_at, plan))
                 steps.append(StepMetrics(now, done_at - now, plan.num_tokens, plan.num_prefill_tokens,
                                          plan.num_decode_tokens, len(plan.entries), plan.tile_padding))
