@@ -146,7 +146,7 @@ def run_speed(model: ShapeCostModel, steps: Sequence[tuple[StepShape, float]]) -
 
 
 def profile_engine(engine: LLMEngine, context_len: int, max_decodes: int, max_chunk: int,
-                   calibration: Sequence[RequestSpec], *, repeats: int = 3, seed: int = 0,
+                   calibration: Sequence[RequestSpec], *, repeats: int = 9, seed: int = 0,
                    engine_settings: dict | None = None) -> ShapeProfile:
     """The profile `sarathi-rt profile` saves; `calibration`: requests for the host
     overhead's real run (none: no host term)."""
