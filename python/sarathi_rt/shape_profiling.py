@@ -52,9 +52,13 @@ def measure(engine: LLMEngine, batches: Sequence[tuple[int, int, int, int]], *, 
     """Wall time of each batch through the engine's executor (model forward and
     sampling), `repeats` times after `warmup` (see `_time_rows`). The engine must be idle:
     the batches write throwaway KV into its cache blocks."""
-    rows = [[(dctx, 1, True)] * d + ([(pctx, q, False)] if q else []) for q, pctx, d, dctx in batches]
-    times = _time_rows(engine, rows, repeats=repeats, warmup=warmup, seed=seed)
+    times = _time_rows(engine, [_batch_rows(*b) for b in batches], repeats=repeats, warmup=warmup, seed=seed)
     return [MeasuredStep(q, pctx, d, dctx, False, tuple(t)) for (q, pctx, d, dctx), t in zip(batches, times)]
+
+
+def _batch_rows(q: int, pctx: int, d: int, dctx: int) -> list[tuple[int, int, bool]]:
+    """synthetic_step rows of a profiled batch: d decodes at dctx, a q-token chunk at pctx."""
+    return [(dctx, 1, True)] * d + ([(pctx, q, False)] if q else [])
 
 
 def _time_rows(engine: LLMEngine, rows: Sequence[Sequence[tuple[int, int, bool]]], *, repeats: int,
@@ -124,15 +128,15 @@ def speed_factor(engine: LLMEngine, model: ShapeCostModel, plans: Sequence[Batch
         ref = [s for s in model.profile.steps if s.num_prefill_tokens and s.num_decodes]
         if not ref:
             raise ValueError("profile has no mixed batch to re-time")
-        now = measure(engine, [(s.num_prefill_tokens, s.prefill_context, s.num_decodes, s.decode_context)
-                               for s in ref], repeats=repeats, seed=seed)
-        return statistics.median(n.median / model.model_time(s.shape()) for n, s in zip(now, ref))
-    if not plans or any(p.is_empty for p in plans):
-        raise ValueError("plans must be a non-empty sequence of non-empty BatchPlans")
-    rows = [[(e.start_pos, e.num_tokens, e.emits_token) for e in p.entries] for p in plans]
+        rows = [_batch_rows(s.num_prefill_tokens, s.prefill_context, s.num_decodes, s.decode_context) for s in ref]
+        shapes = [s.shape() for s in ref]
+    else:
+        if not plans or any(p.is_empty for p in plans):
+            raise ValueError("plans must be a non-empty sequence of non-empty BatchPlans")
+        rows = [[(e.start_pos, e.num_tokens, e.emits_token) for e in p.entries] for p in plans]
+        shapes = [StepShape.of_plan(p) for p in plans]
     times = _time_rows(engine, rows, repeats=repeats, warmup=1, seed=seed)
-    return statistics.median(statistics.median(t) / model.model_time(StepShape.of_plan(p))
-                             for t, p in zip(times, plans))
+    return statistics.median(statistics.median(t) / model.model_time(sh) for t, sh in zip(times, shapes))
 
 
 def run_speed(model: ShapeCostModel, steps: Sequence[tuple[StepShape, float]]) -> float:

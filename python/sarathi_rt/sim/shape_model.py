@@ -90,8 +90,9 @@ class ShapeProfile:
 class ShapeCostModel(ShapeCost):
     """`time_scale`: the machine's speed when the simulated run happens relative to this
     profile's fit (shape_profiling.speed_factor before a run, run_speed during one): every
-    predicted time is multiplied by it. A shared CPU's speed drifts by tens of percent within minutes, and
-    a fit to a profile taken in a fast minute predicts a run in a slow one too short."""
+    predicted time is multiplied by it. A shared CPU's speed drifts by tens of percent
+    within minutes, and a fit to a profile taken in a fast minute predicts a run in a slow
+    one too short."""
 
     def __init__(self, profile: ShapeProfile, comm_s: float = 0.0, time_scale: float = 1.0) -> None:
         if len(profile.steps) < 4:
