@@ -6,7 +6,7 @@ simulated error against the real median next to the real runs' own spread
 
 A shared machine's speed drifts by tens of percent within minutes, so the simulation
 runs at the machine's speed, measured two ways against the profile's model: steps of the
-simulated run (32, evenly spaced) are re-timed on the engine beside every real run
+simulated run (every n/32-th of its n: 32 to 63) are re-timed on the engine beside every real run
 (`speed_factor`, before each and after the last: a prediction made before the run), and
 each real run's own steps are read as they run (`run_speed`: the speed that run had).
 The simulation at the median probe is the headline; the errors at each run's own speed
@@ -42,7 +42,7 @@ from sarathi_rt.workloads import RequestSpec, make_workload
 METRICS = {"TTFT P50": lambda s: s.ttft.p50, "TTFT P99": lambda s: s.ttft.p99, "TBT P50": lambda s: s.tbt.p50,
            "TBT P99": lambda s: s.tbt.p99, "steps": lambda s: s.num_steps, "stalls": lambda s: s.stalls,
            "tokens/s": lambda s: s.tokens_per_s}
-PROBE_STEPS = 32  # simulated steps re-timed per speed probe: ~4 s on the CPU engine
+PROBE_STEPS = 32  # every n/32-th of a simulated run's n steps is re-timed per probe: ~5 s on the CPU engine
 
 
 def serving_args(extra: list[str]) -> argparse.Namespace:
