@@ -26,10 +26,10 @@ import os
 import time
 from dataclasses import replace
 
-from sarathi_rt.budget import choose_token_budget, profile_cost_model
-from sarathi_rt.capacity import SLO, CapacityResult, simulated_capacity
+from sarathi_rt.sim.budget import choose_token_budget, profile_cost_model
+from sarathi_rt.sim.capacity import SLO, CapacityResult, simulated_capacity
 from sarathi_rt.scheduler import SchedulerConfig
-from sarathi_rt.scheduler.step_time import StepShape
+from sarathi_rt.step_time.shape import StepShape
 from sarathi_rt.sim import VidurCostModel
 from sarathi_rt.workloads import WorkloadConfig, data_path, make_workload
 

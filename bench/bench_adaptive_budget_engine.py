@@ -20,8 +20,8 @@ import os
 
 import numpy as np
 
-from sarathi_rt.budget import choose_token_budget, profile_step_time
-from sarathi_rt.metrics import RequestMetrics, StepMetrics, percentile
+from sarathi_rt.sim.budget import choose_token_budget, profile_step_time
+from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics, percentile
 from sarathi_rt.workloads import RequestSpec
 
 
@@ -66,8 +66,8 @@ def main() -> None:
     import torch
 
     from sarathi_rt import LLM
-    from sarathi_rt.replay import replay, warm_up
-    from sarathi_rt.slo_metrics import slo_metrics
+    from sarathi_rt.measure.replay import replay, warm_up
+    from sarathi_rt.measure.slo import slo_metrics
 
     torch.set_num_threads(args.threads)
     workload, burst_at = phased_workload(args)

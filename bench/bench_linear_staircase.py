@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from sarathi_rt import ops
-from sarathi_rt.budget import StepTimeProfile, choose_token_budget
-from sarathi_rt.plots import plot_step_time
+from sarathi_rt.sim.budget import StepTimeProfile, choose_token_budget
+from sarathi_rt.measure.plots import plot_step_time
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from sarathi_rt.metrics import percentile
+from sarathi_rt.measure.metrics import percentile
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim import VidurCostModel, simulate
 from sarathi_rt.workloads import WorkloadConfig, data_path, make_workload

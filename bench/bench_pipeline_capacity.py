@@ -15,8 +15,8 @@ import dataclasses
 import statistics
 import time
 
-from sarathi_rt.capacity import SLO, simulated_capacity
-from sarathi_rt.metrics import percentile
+from sarathi_rt.sim.capacity import SLO, simulated_capacity
+from sarathi_rt.measure.metrics import percentile
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim.cost import VidurCostModel
 from sarathi_rt.sim.simulator import simulate

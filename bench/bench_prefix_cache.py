@@ -15,10 +15,10 @@ import argparse
 import time
 
 from sarathi_rt import LLM, SamplingParams
-from sarathi_rt.budget import choose_token_budget, profile_cost_model
-from sarathi_rt.capacity import SLO, find_capacity
-from sarathi_rt.metrics import summarize
-from sarathi_rt.replay import warm_up
+from sarathi_rt.sim.budget import choose_token_budget, profile_cost_model
+from sarathi_rt.sim.capacity import SLO, find_capacity
+from sarathi_rt.measure.metrics import summarize
+from sarathi_rt.measure.replay import warm_up
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim import VidurCostModel, simulate
 from sarathi_rt.workloads import data_path, multi_turn_workload, system_prompt_workload

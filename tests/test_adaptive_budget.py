@@ -7,12 +7,12 @@ import shutil
 
 import pytest
 
-from sarathi_rt.metrics import percentile
+from sarathi_rt.measure.metrics import percentile
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, create_scheduler
-from sarathi_rt.scheduler.step_time import MAX_RATE_PROBES, StepShape, adaptive_prefill_tokens, predict
+from sarathi_rt.step_time.shape import MAX_RATE_PROBES, StepShape, adaptive_prefill_tokens, predict
 from sarathi_rt.sim import (A100, H100, H200, LinearCostModel, PipelineLatency, VidurCostModel, get_hardware,
                             infer_hardware, simulate)
-from sarathi_rt.step_time import OnlineStepTimeModel
+from sarathi_rt.step_time.online import OnlineStepTimeModel
 from sarathi_rt.workloads import WorkloadConfig, data_path, make_workload
 
 PROFILE = data_path("a100_llama-2-7b_mlp.csv.gz")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sarathi_rt.budget import StepTimeProfile, choose_token_budget, hybrid_batch, profile_cost_model
+from sarathi_rt.sim.budget import StepTimeProfile, choose_token_budget, hybrid_batch, profile_cost_model
 from sarathi_rt.scheduler import BatchPlan, PlanEntry
 from sarathi_rt.sim import LinearCostModel, VidurCostModel
 from sarathi_rt.workloads import data_path

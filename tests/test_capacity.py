@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from sarathi_rt.capacity import SLO, find_capacity, simulated_capacity
-from sarathi_rt.metrics import Distribution, MetricsSummary
+from sarathi_rt.sim.capacity import SLO, find_capacity, simulated_capacity
+from sarathi_rt.measure.metrics import Distribution, MetricsSummary
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim import LinearCostModel
 from sarathi_rt.workloads import WorkloadConfig

@@ -8,8 +8,8 @@ import pytest
 from gguf_models import write_tokenizer_gguf
 from text_models import TINY_VOCAB, tiny_tokenizer
 from sarathi_rt import LLM, SamplingParams
-from sarathi_rt.engine.detokenizer import Detokenizer
-from sarathi_rt.tokenizer import Tokenizer
+from sarathi_rt.text.detokenizer import Detokenizer
+from sarathi_rt.text.tokenizer import Tokenizer
 
 TEXT = "hello wörld, 日本語 🙂 hi\n\nthere"
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from sarathi_rt import ops
-from sarathi_rt.dtypes import parse_dtype
+from sarathi_rt.utils.dtypes import parse_dtype
 from sarathi_rt.engine.config import EngineConfig
-from sarathi_rt.kv_cache import KVCacheShape
+from sarathi_rt.engine.kv_cache import KVCacheShape
 
 
 @pytest.mark.parametrize(("spelling", "want"), [

@@ -13,7 +13,7 @@ import torch
 from gguf_models import Q, write_model_gguf
 from hf_models import greedy
 from sarathi_rt import LLM, SamplingParams
-from sarathi_rt.gguf_file import GGUFFile
+from sarathi_rt.models.gguf_file import GGUFFile
 from sarathi_rt.models import ParallelLayout, load_model, resolve_config
 
 transformers = pytest.importorskip("transformers")

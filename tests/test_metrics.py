@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from sarathi_rt.metrics import (Distribution, RequestMetrics, StepMetrics, count_stalls, load_json,
+from sarathi_rt.measure.metrics import (Distribution, RequestMetrics, StepMetrics, count_stalls, load_json,
                                 load_requests_csv, load_steps_csv, percentile, save_json, save_requests_csv,
                                 save_steps_csv, stall_threshold, summarize)
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from sarathi_rt import LLM
-from sarathi_rt.budget import choose_token_budget, profile_step_time
+from sarathi_rt.sim.budget import choose_token_budget, profile_step_time
 from sarathi_rt.cli import main
-from sarathi_rt.metrics import summarize
-from sarathi_rt.replay import replay, synthetic_prompt, warm_up
+from sarathi_rt.measure.metrics import summarize
+from sarathi_rt.measure.replay import replay, synthetic_prompt, warm_up
 from sarathi_rt.workloads import RequestSpec, WorkloadConfig, make_workload
 
 

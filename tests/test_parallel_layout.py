@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from sarathi_rt.engine.distributed import Topology
-from sarathi_rt.metrics import StageMetrics, pipeline_wait
+from sarathi_rt.measure.metrics import StageMetrics, pipeline_wait
 from sarathi_rt.models import ParallelLayout, load_model, resolve_config
 from sarathi_rt.models.parallel import stage_layers
 

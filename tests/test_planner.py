@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from sarathi_rt.cli import main
-from sarathi_rt.metrics import Distribution, MetricsSummary, summarize
-from sarathi_rt.planner import PlanRequest, PlanSLO, plan_deployment
+from sarathi_rt.measure.metrics import Distribution, MetricsSummary, summarize
+from sarathi_rt.sim.deploy import PlanRequest, PlanSLO, plan_deployment
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim import VidurCostModel, simulate
 from sarathi_rt.workloads import WorkloadConfig, data_path, make_workload

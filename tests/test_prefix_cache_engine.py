@@ -5,7 +5,7 @@ import random
 import pytest
 
 from sarathi_rt import LLM, SamplingParams
-from sarathi_rt.metrics import summarize
+from sarathi_rt.measure.metrics import summarize
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, logprobs=True)
 SHARED = [random.Random(0).randrange(3, 512) for _ in range(100)]

@@ -218,7 +218,7 @@ def test_models_health_and_metrics(served) -> None:
 
 def test_bench_replays_a_workload_against_the_endpoint(served, tmp_path, capsys) -> None:
     from sarathi_rt.cli import main
-    from sarathi_rt.metrics import load_requests_csv
+    from sarathi_rt.measure.metrics import load_requests_csv
     from sarathi_rt.workloads import WorkloadConfig, make_workload
 
     server, base, _ = served

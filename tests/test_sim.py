@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig
-from sarathi_rt.scheduler.step_time import StepShape
+from sarathi_rt.step_time.shape import StepShape
 from sarathi_rt.sim import LinearCostModel, TableCostModel, VidurCostModel, interpolate_measured, simulate
 from sarathi_rt.workloads import RequestSpec, WorkloadConfig, data_path, make_workload
 

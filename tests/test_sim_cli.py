@@ -6,7 +6,7 @@ import json
 import pytest
 
 from sarathi_rt.cli import main
-from sarathi_rt.metrics import load_requests_csv
+from sarathi_rt.measure.metrics import load_requests_csv
 
 KEYS = ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "stalls", "tokens_per_s", "sched_delay_p50",
         "tbt_p999", "tbt_max", "request_max_tbt", "prefill_wait_share", "goodput", "ttft_target", "tbt_target",

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from sarathi_rt.metrics import RequestMetrics, StepMetrics, load_steps_csv, save_steps_csv
-from sarathi_rt.slo_metrics import prefill_wait_share, slo_metrics
+from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics, load_steps_csv, save_steps_csv
+from sarathi_rt.measure.slo import prefill_wait_share, slo_metrics
 
 
 def _timeline() -> tuple[list[RequestMetrics], list[StepMetrics]]:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gguf_models import CHATML, SPECIAL, byte_alphabet, write_tokenizer_gguf
-from sarathi_rt.tokenizer import Tokenizer
+from sarathi_rt.text.tokenizer import Tokenizer
 
 TEXTS = ["hello world", "hi there, héllo wörld 日本語 🙂", "  two  spaces\n\nand\ttabs 2024", "x" * 50]
 

@@ -10,7 +10,7 @@ import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
 from gguf_models import CHATML, SPECIAL, byte_alphabet
-from sarathi_rt.tokenizer import Tokenizer
+from sarathi_rt.text.tokenizer import Tokenizer
 
 TINY_VOCAB = 512
 

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from sarathi_rt.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
 from sarathi_rt.models import resolve_config, resolve_model_path
 from sarathi_rt.sampling import SamplingParams
-from sarathi_rt.tokenizer import Tokenizer
+from sarathi_rt.text.tokenizer import Tokenizer
 
 Prompt = Union[str, Sequence[int]]
 Conversation = Sequence[Mapping[str, Any]]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Sequence
 
-from sarathi_rt.metrics import RequestMetrics, StepMetrics
+from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics
 from sarathi_rt.scheduler import SchedulerConfig, available_policies, get_policy
 from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
 from sarathi_rt.sim.shape_model import ShapeCostModel
@@ -19,12 +19,12 @@ REAL_MODEL = "smollm2-135m-instruct"
 
 
 def optional_plots() -> ModuleType | None:
-    """sarathi_rt.plots when matplotlib is installed (the `plot` extra); otherwise None,
+    """sarathi_rt.measure.plots when matplotlib is installed (the `plot` extra); otherwise None,
     after saying how to get the plots. The numbers never depend on it."""
     if importlib.util.find_spec("matplotlib") is None:
         print("plots skipped: matplotlib is not installed (pip install 'sarathi_rt[plot]' to get them)")
         return None
-    from sarathi_rt import plots
+    from sarathi_rt.measure import plots
 
     return plots
 
@@ -191,7 +191,7 @@ class EngineBackend:
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
-        from sarathi_rt.replay import replay, warm_up
+        from sarathi_rt.measure.replay import replay, warm_up
 
         engine = self.engine(policy, workload)
         warm_up(engine)
@@ -206,7 +206,7 @@ class EndpointBackend:
     args: argparse.Namespace
 
     def __post_init__(self) -> None:
-        from sarathi_rt.http_replay import server_model
+        from sarathi_rt.measure.http_replay import server_model
 
         if self.args.simulate:
             raise ValueError("--endpoint and --simulate exclude each other")
@@ -220,7 +220,7 @@ class EndpointBackend:
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
-        from sarathi_rt.http_replay import replay_endpoint
+        from sarathi_rt.measure.http_replay import replay_endpoint
 
         return replay_endpoint(self.endpoint, self.model, workload, vocab_size=self.args.vocab_size,
                                seed=self.args.seed, progress=progress), []

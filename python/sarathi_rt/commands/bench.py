@@ -16,8 +16,8 @@ import time
 
 from tqdm.auto import tqdm
 
-from sarathi_rt.metrics import MetricsSummary, save_requests_csv, save_steps_csv, summarize
-from sarathi_rt.slo_metrics import SLOMetrics, slo_metrics
+from sarathi_rt.measure.metrics import MetricsSummary, save_requests_csv, save_steps_csv, summarize
+from sarathi_rt.measure.slo import SLOMetrics, slo_metrics
 from sarathi_rt.workloads import make_workload
 
 from ._serving import (REAL_MODEL, EndpointBackend, EngineBackend, SimBackend, add_common_args, fill_defaults,

@@ -10,9 +10,9 @@ import dataclasses
 import json
 import os
 
-from sarathi_rt.budget import choose_token_budget, profile_cost_model, profile_step_time
-from sarathi_rt.capacity import SLO, CapacityResult, find_capacity
-from sarathi_rt.metrics import MetricsSummary, summarize
+from sarathi_rt.sim.budget import choose_token_budget, profile_cost_model, profile_step_time
+from sarathi_rt.sim.capacity import SLO, CapacityResult, find_capacity
+from sarathi_rt.measure.metrics import MetricsSummary, summarize
 from sarathi_rt.workloads import make_workload
 
 from ._serving import EngineBackend, SimBackend, add_common_args, fill_defaults, make_backend, optional_plots, \

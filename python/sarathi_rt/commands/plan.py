@@ -11,7 +11,7 @@ import json
 import os
 import time
 
-from sarathi_rt.planner import PlanRequest, PlanSLO, plan_deployment
+from sarathi_rt.sim.deploy import PlanRequest, PlanSLO, plan_deployment
 from sarathi_rt.sim import HARDWARE
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, WorkloadConfig, data_path
 

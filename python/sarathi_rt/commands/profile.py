@@ -54,8 +54,8 @@ def _profile(args: argparse.Namespace, policies: list[str], backend: EngineBacke
                 "block_size": args.block_size, "num_kv_blocks": engine.executor.num_kv_blocks,
                 "max_num_seqs": args.max_num_seqs, "token_budget": args.token_budget,
                 "max_total_tokens": backend.max_total_tokens, "context_len": context}
-    from sarathi_rt.replay import warm_up
-    from sarathi_rt.shape_profiling import profile_engine
+    from sarathi_rt.measure.replay import warm_up
+    from sarathi_rt.measure.shape_profiling import profile_engine
 
     warm_up(engine)
     print(f"sarathi-rt profile: {args.model} on {args.device}, {args.threads} thread(s); decodes up to "

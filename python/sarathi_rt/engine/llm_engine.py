@@ -9,16 +9,16 @@ from collections import deque
 from collections.abc import Callable, Sequence as Seq
 from typing import Hashable
 
-from sarathi_rt.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeline_wait
+from sarathi_rt.measure.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeline_wait
 from sarathi_rt.models import resolve_config
-from sarathi_rt.profiling import nvtx_range
+from sarathi_rt.utils.nvtx import nvtx_range
 from sarathi_rt.sampling import SamplingParams, as_int
 from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, SchedulerConfig, create_scheduler
-from sarathi_rt.scheduler.step_time import StepShape
-from sarathi_rt.step_time import OnlineStepTimeModel
+from sarathi_rt.step_time.shape import StepShape
+from sarathi_rt.step_time.online import OnlineStepTimeModel
 
 from .config import EngineConfig
-from .detokenizer import Detokenizer, TextDecoder
+from sarathi_rt.text.detokenizer import Detokenizer, TextDecoder
 from .executor import Executor, InProcessExecutor
 from .outputs import RequestOutput
 from .sequence import Sequence

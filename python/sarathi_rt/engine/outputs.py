@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Hashable, Iterator, TypeVar, overload
 
-from sarathi_rt.metrics import RequestMetrics
+from sarathi_rt.measure.metrics import RequestMetrics
 
 T = TypeVar("T")
 

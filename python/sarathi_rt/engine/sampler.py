@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sarathi_rt.profiling import nvtx_range
+from sarathi_rt.utils.nvtx import nvtx_range
 
 from .step_io import RowSampling
 

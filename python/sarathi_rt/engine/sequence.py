@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable
 
-from sarathi_rt.metrics import RequestMetrics
+from sarathi_rt.measure.metrics import RequestMetrics
 from sarathi_rt.sampling import SamplingParams
 
-from .detokenizer import Detokenizer
+from sarathi_rt.text.detokenizer import Detokenizer
 from .outputs import Prefix, RequestOutput
 from .step_io import RowSampling
 

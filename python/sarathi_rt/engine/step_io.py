@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable
 
-from sarathi_rt.metrics import StageMetrics
+from sarathi_rt.measure.metrics import StageMetrics
 
 
 @dataclass(slots=True)

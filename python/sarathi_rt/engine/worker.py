@@ -7,9 +7,9 @@ import time
 
 import torch
 
-from sarathi_rt.kv_cache import KVCache, KVCacheShape
+from sarathi_rt.engine.kv_cache import KVCache, KVCacheShape
 from sarathi_rt.models import ParallelLayout, load_model
-from sarathi_rt.profiling import nvtx_range
+from sarathi_rt.utils.nvtx import nvtx_range
 
 from .config import EngineConfig
 from .memory import auto_num_blocks

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
-from sarathi_rt.dtypes import parse_dtype
-from sarathi_rt.gguf_file import open_gguf
+from sarathi_rt.utils.dtypes import parse_dtype
+from sarathi_rt.models.gguf_file import open_gguf
 
 from .config import ModelConfig
 from .context import StepContext

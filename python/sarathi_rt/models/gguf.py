@@ -12,7 +12,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from sarathi_rt.gguf_file import GGUFFile
+from sarathi_rt.models.gguf_file import GGUFFile
 
 from .config import ModelConfig
 from .llama import LlamaForCausalLM

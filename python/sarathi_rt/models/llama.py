@@ -11,6 +11,8 @@ model is built and its KV cache bound (bind_kv_cache checks the cache), and the 
 index tensors are checked once per step by the ModelRunner, not again in every layer."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -18,12 +20,14 @@ from sarathi_rt import ops
 from sarathi_rt.ops._registry import KERNELS
 from sarathi_rt.ops.attention import run_attention
 from sarathi_rt.ops.linear import apply_linear
-from sarathi_rt.kv_cache import KVCache
-from sarathi_rt.profiling import nvtx_range
+from sarathi_rt.utils.nvtx import nvtx_range
 
 from .config import ModelConfig
 from .context import StepContext
 from .parallel import BoundLayout, ParallelLayout
+
+if TYPE_CHECKING:  # the engine owns the cache; a model only binds to it
+    from sarathi_rt.engine.kv_cache import KVCache
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:

@@ -7,7 +7,7 @@ import math
 import torch
 
 from sarathi_rt import _C
-from sarathi_rt.dtypes import DTypeLike, parse_dtype
+from sarathi_rt.utils.dtypes import DTypeLike, parse_dtype
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
 from sarathi_rt.ops._registry import native_op
 

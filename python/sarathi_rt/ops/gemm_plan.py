@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from sarathi_rt import _C
-from sarathi_rt.dtypes import parse_dtype
+from sarathi_rt.utils.dtypes import parse_dtype
 from sarathi_rt.ops._checks import DTYPE_CODES
 
 # With no GPU to ask (device="cpu"), plans are made for the paper's device, an A100.

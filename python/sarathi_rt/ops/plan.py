@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from sarathi_rt import _C
-from sarathi_rt.dtypes import DTypeLike, parse_dtype
+from sarathi_rt.utils.dtypes import DTypeLike, parse_dtype
 from sarathi_rt.ops._checks import DTYPE_CODES, check_tensor
 
 LAYOUT: dict[str, int] = dict(_C.ATTENTION_PLAN_LAYOUT)

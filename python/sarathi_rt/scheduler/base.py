@@ -12,7 +12,7 @@ from .config import SchedulerConfig
 from .plan import BatchPlan, PlanEntry
 from .prefix_cache import PrefixCacheStats, block_hashes
 from .request import Request, RequestInfo, RequestStatus
-from .step_time import StepTimeModel
+from sarathi_rt.step_time import StepTimeModel
 
 RUNNING = RequestStatus.RUNNING
 

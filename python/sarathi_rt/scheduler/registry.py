@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     from .base import Scheduler
     from .config import SchedulerConfig
-    from .step_time import StepTimeModel
+    from sarathi_rt.step_time import StepTimeModel
 
 _POLICIES: dict[str, type[Scheduler]] = {}
 S = TypeVar("S", bound="type[Scheduler]")

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from sarathi_rt.engine import LLMEngine
-from sarathi_rt.metrics import RequestMetrics
+from sarathi_rt.measure.metrics import RequestMetrics
 
 # Seconds; TTFT spans queueing and prefill, TBT one step.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from sarathi_rt.scheduler import BatchPlan
-from sarathi_rt.scheduler.step_time import StepShape
+from sarathi_rt.step_time.shape import StepShape
 
 from .hardware import A100, Hardware, get_hardware, infer_hardware
 

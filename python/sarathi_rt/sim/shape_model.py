@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from sarathi_rt.scheduler.step_time import StepShape
-from sarathi_rt.step_time import fit_nonnegative
+from sarathi_rt.step_time.shape import StepShape
+from sarathi_rt.step_time.online import fit_nonnegative
 
 from .cost import ShapeCost
 

@@ -14,9 +14,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from sarathi_rt.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
+from sarathi_rt.measure.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
 from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, SchedulerConfig, create_scheduler
-from sarathi_rt.scheduler.step_time import StepShape, StepTimeModel
+from sarathi_rt.step_time.shape import StepShape, StepTimeModel
 from sarathi_rt.workloads import RequestSpec
 
 from .cost import CostModel

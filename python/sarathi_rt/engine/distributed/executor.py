@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from sarathi_rt.metrics import StageMetrics
+from sarathi_rt.measure.metrics import StageMetrics
 from sarathi_rt.models import resolve_config
 
 from ..config import EngineConfig

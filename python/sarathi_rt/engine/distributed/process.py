@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sarathi_rt.metrics import StageMetrics
+from sarathi_rt.measure.metrics import StageMetrics
 from sarathi_rt.models import resolve_config
 
 from ..config import EngineConfig

@@ -6,7 +6,7 @@ import itertools
 from ..base import Scheduler, StepBuilder
 from ..request import Request, RequestStatus
 from ..registry import register_policy
-from ..step_time import adaptive_prefill_tokens
+from sarathi_rt.step_time import adaptive_prefill_tokens
 
 # Prefill tokens a step may take, when it runs nothing else, if even that breaks the
 # SLO and no tile size is set: the prompt must move.

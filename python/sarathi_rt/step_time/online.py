@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sarathi_rt.scheduler import BatchPlan
-from sarathi_rt.scheduler.step_time import StepShape
+from .shape import StepShape
+
+if TYPE_CHECKING:
+    from sarathi_rt.scheduler import BatchPlan
 
 
 def features(shape: StepShape) -> list[float]:

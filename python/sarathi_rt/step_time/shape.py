@@ -4,9 +4,10 @@ the protocol of a model that predicts the step's time from that shape."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
-from .plan import BatchPlan
+if TYPE_CHECKING:
+    from sarathi_rt.scheduler.plan import BatchPlan
 
 
 @dataclass(frozen=True, slots=True)

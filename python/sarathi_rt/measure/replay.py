@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from sarathi_rt.metrics import RequestMetrics, StepMetrics
+from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics
 from sarathi_rt.workloads import RequestSpec
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
-from sarathi_rt.gguf_file import GGUFFile, open_gguf
+from sarathi_rt.models.gguf_file import GGUFFile, open_gguf
 
 # llama.cpp's token types (tokenizer.ggml.token_type)
 _UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 2, 3, 4, 6

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from sarathi_rt.metrics import DEFAULT_STALL_FACTOR, MetricsSummary
+from sarathi_rt.measure.metrics import DEFAULT_STALL_FACTOR, MetricsSummary
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim import CostModel, simulate
 from sarathi_rt.workloads import WorkloadConfig, make_workload

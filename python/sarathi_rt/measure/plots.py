@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from sarathi_rt.metrics import StepMetrics
+from sarathi_rt.measure.metrics import StepMetrics
 
 if TYPE_CHECKING:
-    from sarathi_rt.budget import BudgetChoice, StepTimeProfile
-    from sarathi_rt.capacity import CapacityResult
+    from sarathi_rt.sim.budget import BudgetChoice, StepTimeProfile
+    from sarathi_rt.sim.capacity import CapacityResult
 
 PathLike = str | os.PathLike[str]
 

@@ -18,7 +18,7 @@ _INCOMPLETE = "\ufffd"
 
 
 class TextDecoder(Protocol):
-    """What the detokenizer needs of a tokenizer (sarathi_rt.tokenizer.Tokenizer has it)."""
+    """What the detokenizer needs of a tokenizer (sarathi_rt.text.tokenizer.Tokenizer has it)."""
 
     special_token_ids: frozenset[int]
     vocab_size: int

@@ -10,8 +10,8 @@ import json
 import time
 from typing import Any, Callable, Sequence
 
-from sarathi_rt.metrics import RequestMetrics
-from sarathi_rt.replay import synthetic_prompt
+from sarathi_rt.measure.metrics import RequestMetrics
+from sarathi_rt.measure.replay import synthetic_prompt
 from sarathi_rt.workloads import RequestSpec
 
 

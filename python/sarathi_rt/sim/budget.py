@@ -159,7 +159,7 @@ def choose_token_budget(profile: StepTimeProfile, tbt_slo: float, tile_size: int
                         margin: float = 0.1) -> BudgetChoice:
     """The largest multiple of tile_size (up to the largest profiled count) such that it
     and every smaller multiple take at most tbt_slo * (1 - margin); the margin absorbs longer contexts and
-    noise (sarathi_rt.plots.plot_step_time draws the profile with the choice). Raises
+    noise (sarathi_rt.measure.plots.plot_step_time draws the profile with the choice). Raises
     ValueError when not even one tile meets the SLO."""
     if not (isinstance(tbt_slo, (int, float)) and tbt_slo > 0 and math.isfinite(tbt_slo)):
         raise ValueError(f"tbt_slo must be a positive finite number of seconds, got {tbt_slo!r}")

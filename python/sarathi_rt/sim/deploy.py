@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from sarathi_rt.budget import choose_token_budget, profile_cost_model
-from sarathi_rt.capacity import SLO, find_capacity
-from sarathi_rt.metrics import MetricsSummary, summarize
+from sarathi_rt.sim.budget import choose_token_budget, profile_cost_model
+from sarathi_rt.sim.capacity import SLO, find_capacity
+from sarathi_rt.measure.metrics import MetricsSummary, summarize
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, get_policy
 from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
 from sarathi_rt.workloads import RequestSpec, WorkloadConfig, make_workload

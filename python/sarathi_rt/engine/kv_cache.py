@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sarathi_rt.dtypes import DTypeLike, parse_dtype
+from sarathi_rt.utils.dtypes import DTypeLike, parse_dtype
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from sarathi_rt.scheduler.step_time import StepShape
+from sarathi_rt.step_time.shape import StepShape
 from sarathi_rt.sim.shape_model import MeasuredStep, ShapeCostModel, ShapeProfile
 from sarathi_rt.workloads import RequestSpec
 
@@ -70,7 +70,7 @@ def _time_rows(engine: LLMEngine, rows: Sequence[Sequence[tuple[int, int, bool]]
     (minutes on a CPU) lands on whole groups of steps (all decodes at one context, say)
     as a systematic error the fit cannot tell from a real cost; in shuffled rounds it is
     noise on every step, which the median over the rounds removes."""
-    from sarathi_rt.budget import synthetic_step
+    from sarathi_rt.sim.budget import synthetic_step
 
     if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
@@ -93,7 +93,7 @@ def _time_rows(engine: LLMEngine, rows: Sequence[Sequence[tuple[int, int, bool]]
 def host_overhead(engine: LLMEngine, workload: Sequence[RequestSpec], seed: int) -> float:
     """Median over the steps of a real run of the workload of (engine step time - the
     executor's time): scheduling, building inputs and handling outputs."""
-    from sarathi_rt.replay import replay
+    from sarathi_rt.measure.replay import replay
 
     executor = engine.executor
     submit, executed = executor.submit, []
