@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import replace
 
-from sarathi_rt.sim.budget import choose_token_budget, profile_cost_model
+from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve
 from sarathi_rt.sim.capacity import SLO, CapacityResult, simulated_capacity
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.step_time.shape import StepShape
@@ -41,7 +41,7 @@ def slo_budget(cost: VidurCostModel, workload: WorkloadConfig, slo: float, block
     requests = make_workload(workload)
     mean_len = sum(r.num_prompt_tokens + r.num_decode_tokens for r in requests) // len(requests)
     context = min(mean_len, blocks * block_size // 32)
-    profile = profile_cost_model(cost, list(range(32, 8193, 32)), num_decodes=32, context_len=context)
+    profile = cost_model_curve(cost, list(range(32, 8193, 32)), num_decodes=32, context_len=context)
     return choose_token_budget(profile, slo, 128).token_budget
 
 

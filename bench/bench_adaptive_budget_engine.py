@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from sarathi_rt.sim.budget import choose_token_budget, profile_step_time
+from sarathi_rt.sim.budget import choose_token_budget, measure_step_curve
 from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics, percentile
 from sarathi_rt.workloads import RequestSpec
 
@@ -77,7 +77,7 @@ def main() -> None:
 
     probe = engine(args.quiet_budget)
     warm_up(probe)
-    profile = profile_step_time(probe, list(range(16, args.quiet_budget + 1, 16)), num_decodes=8, context_len=128,
+    profile = measure_step_curve(probe, list(range(16, args.quiet_budget + 1, 16)), num_decodes=8, context_len=128,
                                 repeats=3, warmup=1)
     slo = args.slo_factor * profile.step_time(32)
     burst_budget = choose_token_budget(profile, slo, 16).token_budget

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from sarathi_rt import ops
-from sarathi_rt.sim.budget import StepTimeProfile, choose_token_budget
+from sarathi_rt.sim.budget import StepTimeCurve, choose_token_budget
 from sarathi_rt.measure.plots import plot_step_time
 
 
@@ -94,8 +94,8 @@ def main() -> None:
 
     # The calibration reads the same staircase: the largest tile-aligned budget whose
     # linears alone fit the TBT target (attention and overheads come on top, which the
-    # engine-level profile_step_time measures).
-    profile = StepTimeProfile(tuple(times), tuple(times.values()), num_decodes=0, context_len=0,
+    # engine-level measure_step_curve measures).
+    profile = StepTimeCurve(tuple(times), tuple(times.values()), num_decodes=0, context_len=0,
                               label="cpu-small linears")
     choice = choose_token_budget(profile, args.tbt_slo, args.tile_size)
     plot_step_time(profile, choice, args.plot)

@@ -15,7 +15,7 @@ import argparse
 import time
 
 from sarathi_rt import LLM, SamplingParams
-from sarathi_rt.sim.budget import choose_token_budget, profile_cost_model
+from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve
 from sarathi_rt.sim.capacity import SLO, find_capacity
 from sarathi_rt.measure.metrics import summarize
 from sarathi_rt.measure.replay import warm_up
@@ -69,7 +69,7 @@ def engine_part(args) -> None:
 
 def sim_part(args) -> None:
     cost = VidurCostModel(data_path("a100_llama-3-8b_mlp.csv.gz"), num_layers=32)
-    profile = profile_cost_model(cost, list(range(32, 4097, 32)))
+    profile = cost_model_curve(cost, list(range(32, 4097, 32)))
     budget = choose_token_budget(profile, 0.1, 128).token_budget
     slo = SLO(0.1)
     print(f"\nsimulated A100 Llama-3-8B, sarathi, token budget {budget} (from the 100 ms SLO): "

@@ -75,7 +75,7 @@ def test_rows_fully_masked_in_a_split_piece() -> None:
                                             device="cuda"))
     plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 8,
                               num_ctas=64)
-    items = [dict(zip(ops.plan.ITEM_FIELDS, row)) for row in plan.work_items().tolist()]
+    items = [dict(zip(ops.attention_plan.ITEM_FIELDS, row)) for row in plan.work_items().tolist()]
     assert any(it["partial"] >= 0 and it["causal_offset"] + 1 <= it["kv_begin"] for it in items)
     assert_strictly_close(ops.hybrid_attention(*batch.args(), plan=plan), batch)
 

@@ -11,7 +11,7 @@ import torch
 
 from sarathi_rt import _C, ops
 from sarathi_rt.ops import reference
-from sarathi_rt.ops.plan import ITEM_FIELDS, KERNELS, LAYOUT, MERGE_FIELDS, NARROW, WIDE
+from sarathi_rt.ops.attention_plan import ITEM_FIELDS, KERNELS, LAYOUT, MERGE_FIELDS, NARROW, WIDE
 
 from attention_batches import GRIDS, make_batch
 

@@ -10,7 +10,7 @@ import torch
 
 from sarathi_rt import ops
 from sarathi_rt.ops import reference
-from sarathi_rt.ops.plan import ITEM_FIELDS, LAYOUT, WIDE
+from sarathi_rt.ops.attention_plan import ITEM_FIELDS, LAYOUT, WIDE
 
 CHUNK = LAYOUT["keys_per_chunk"]
 NUM_CTAS = 264

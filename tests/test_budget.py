@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from sarathi_rt.sim.budget import StepTimeProfile, choose_token_budget, hybrid_batch, profile_cost_model
+from sarathi_rt.sim.budget import StepTimeCurve, choose_token_budget, hybrid_batch, cost_model_curve
 from sarathi_rt.scheduler import BatchPlan, PlanEntry
 from sarathi_rt.sim import LinearCostModel, VidurCostModel
 from sarathi_rt.workloads import data_path
 
 
-def _linear_profile() -> StepTimeProfile:
+def _linear_profile() -> StepTimeCurve:
     # T(n) = 10 ms + 0.1 ms per token
-    return profile_cost_model(LinearCostModel(0.01, 1e-4), list(range(32, 2049, 32)), num_decodes=16,
+    return cost_model_curve(LinearCostModel(0.01, 1e-4), list(range(32, 2049, 32)), num_decodes=16,
                               context_len=256)
 
 
@@ -32,7 +32,7 @@ def test_choose_token_budget_known_answer() -> None:
 
 
 def test_budget_stops_at_the_first_miss() -> None:
-    noisy = StepTimeProfile((128, 256, 384, 512), (0.05, 0.2, 0.05, 0.05), 0, 1)
+    noisy = StepTimeCurve((128, 256, 384, 512), (0.05, 0.2, 0.05, 0.05), 0, 1)
     assert choose_token_budget(noisy, 0.1, 128).token_budget == 128
 
 
@@ -47,9 +47,9 @@ def test_unreachable_slo_and_bad_arguments() -> None:
     with pytest.raises(ValueError, match="margin"):
         choose_token_budget(p, 0.1, 128, margin=1.0)
     with pytest.raises(ValueError, match="token_counts"):
-        profile_cost_model(LinearCostModel(), [0, 5])
+        cost_model_curve(LinearCostModel(), [0, 5])
     with pytest.raises(ValueError, match="increasing"):
-        StepTimeProfile((5, 3), (1.0, 1.0), 0, 1)
+        StepTimeCurve((5, 3), (1.0, 1.0), 0, 1)
 
 
 def test_hybrid_batch_shape() -> None:
@@ -58,10 +58,10 @@ def test_hybrid_batch_shape() -> None:
 
 
 def test_profile_round_trip_and_cost_model(tmp_path) -> None:
-    p = profile_cost_model(VidurCostModel(data_path("a100_llama-2-7b_mlp.csv.gz")), [64, 128, 512, 1024],
+    p = cost_model_curve(VidurCostModel(data_path("a100_llama-2-7b_mlp.csv.gz")), [64, 128, 512, 1024],
                            num_decodes=32, context_len=1024, label="a100")
     assert all(a < b for a, b in zip(p.seconds, p.seconds[1:]))
     p.save(tmp_path / "p.json")
-    assert StepTimeProfile.load(tmp_path / "p.json") == p
+    assert StepTimeCurve.load(tmp_path / "p.json") == p
     plan = BatchPlan(1, [PlanEntry(0, 0, 512, True, True)], num_prefill_tokens=512)
     assert p.cost_model().step_time(plan) == p.seconds[2]

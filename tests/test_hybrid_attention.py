@@ -119,7 +119,7 @@ def test_rows_fully_masked_in_a_split_piece() -> None:
     plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 8,
                               num_ctas=64)
     items = plan.work_items().tolist()
-    fields = dict(zip(ops.plan.ITEM_FIELDS, range(len(ops.plan.ITEM_FIELDS))))
+    fields = dict(zip(ops.attention_plan.ITEM_FIELDS, range(len(ops.attention_plan.ITEM_FIELDS))))
     masked = [it for it in items if it[fields["partial"]] >= 0 and it[fields["request"]] == 0
               and it[fields["causal_offset"]] + 1 <= it[fields["kv_begin"]]]
     assert masked, "no piece starts past the first query's limit"

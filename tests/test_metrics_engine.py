@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sarathi_rt import LLM
-from sarathi_rt.sim.budget import choose_token_budget, profile_step_time
+from sarathi_rt.sim.budget import choose_token_budget, measure_step_curve
 from sarathi_rt.cli import main
 from sarathi_rt.measure.metrics import summarize
 from sarathi_rt.measure.replay import replay, synthetic_prompt, warm_up
@@ -50,12 +50,12 @@ def test_synthetic_prompts_are_seeded() -> None:
 
 @pytest.mark.slow
 def test_profile_step_time_on_the_engine(engine) -> None:
-    profile = profile_step_time(engine, [4, 16, 32], num_decodes=4, context_len=20, repeats=2, warmup=1)
+    profile = measure_step_curve(engine, [4, 16, 32], num_decodes=4, context_len=20, repeats=2, warmup=1)
     assert profile.num_tokens == (4, 16, 32) and all(s > 0 for s in profile.seconds)
     choice = choose_token_budget(profile, 10.0, 16)
     assert choice.token_budget == 32
     with pytest.raises(ValueError, match="KV blocks"):
-        profile_step_time(engine, [32], num_decodes=8, context_len=400)
+        measure_step_curve(engine, [32], num_decodes=8, context_len=400)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 
-from sarathi_rt.sim.budget import choose_token_budget, profile_cost_model, profile_step_time
+from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve, measure_step_curve
 from sarathi_rt.sim.capacity import SLO, CapacityResult, find_capacity
 from sarathi_rt.measure.metrics import MetricsSummary, summarize
 from sarathi_rt.workloads import make_workload
@@ -85,14 +85,14 @@ def _slo_budget(args: argparse.Namespace, backend: SimBackend | EngineBackend) -
     mean_len = sum(r.num_prompt_tokens + r.num_decode_tokens for r in workload) // len(workload)
     if isinstance(backend, SimBackend):
         context = min(mean_len, backend.num_blocks * args.block_size // num_decodes)
-        profile = profile_cost_model(backend.cost_model, list(range(32, 8193, 32)), num_decodes=num_decodes,
+        profile = cost_model_curve(backend.cost_model, list(range(32, 8193, 32)), num_decodes=num_decodes,
                                      context_len=context, label="(cost model)")
     else:
         args.token_budget = tile * 8  # the profiling engine must fit the largest batch
         engine = backend.engine("sarathi", workload)
         cache_tokens = engine.executor.num_kv_blocks * args.block_size
         context = max(1, min(mean_len, cache_tokens // num_decodes - tile))
-        profile = profile_step_time(engine, [tile * k for k in range(1, 9)], num_decodes=num_decodes,
+        profile = measure_step_curve(engine, [tile * k for k in range(1, 9)], num_decodes=num_decodes,
                                     context_len=context)
     choice = choose_token_budget(profile, args.tbt_slo, tile)
     print(f"token budget from the {args.tbt_slo * 1e3:g} ms SLO: {choice.token_budget} "

@@ -11,7 +11,7 @@ import json
 import os
 import time
 
-from sarathi_rt.sim.deploy import PlanRequest, PlanSLO, plan_deployment
+from sarathi_rt.sim.deploy import DeploymentRequest, DeploymentSLO, plan_deployment
 from sarathi_rt.sim import HARDWARE
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, WorkloadConfig, data_path
 
@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     profile = args.profile if os.path.exists(args.profile) else data_path(args.profile)
     if not os.path.exists(profile):
         raise ValueError(f"--profile {args.profile!r} is neither a file nor one shipped in sarathi_rt/data")
-    request = PlanRequest(
-        qps=args.qps, slo=PlanSLO(args.tbt_slo, args.max_sched_delay, args.ttft_p50), profile=profile,
+    request = DeploymentRequest(
+        qps=args.qps, slo=DeploymentSLO(args.tbt_slo, args.max_sched_delay, args.ttft_p50), profile=profile,
         num_layers=args.num_layers, hardware=args.hardware, gpus_per_node=args.gpus_per_node,
         max_gpus=args.max_gpus, policies=tuple(p.strip() for p in args.policy.split(",") if p.strip()),
         token_budgets=tuple(int(b) for b in args.token_budget.split(",")) if args.token_budget else (),
@@ -62,18 +62,18 @@ def run(args: argparse.Namespace) -> int:
                              (lambda line: print(f"  simulated {line}", flush=True)))
     elapsed = time.perf_counter() - start
     if args.json:
-        print(json.dumps({"plans": [dict(dataclasses.asdict(p), gpus=p.gpus) for p in result.plans],
+        print(json.dumps({"plans": [dict(dataclasses.asdict(p), gpus=p.gpus) for p in result.deployments],
                           "simulated": result.simulated, "pruned": result.pruned,
                           "seconds": round(elapsed, 1)}, indent=1))
-        return 0 if result.plans else 1
+        return 0 if result.deployments else 1
     print(f"{result.simulated} candidates simulated in {elapsed:.0f} s; pruned before simulating: "
           + (", ".join(f"{n} ({why})" for why, n in result.pruned.items()) or "none"))
-    if not result.plans:
+    if not result.deployments:
         print(f"no deployment of at most {args.max_gpus} GPUs serves {args.qps:g} QPS within the SLOs")
         return 1
     print(f"{'GPUs':>5} {'replicas':>8} {'TP':>3} {'PP':>3} {'policy':>8} {'budget':>6} "
           f"{'QPS/replica':>11} {'headroom':>8}")
-    for p in result.plans:
+    for p in result.deployments:
         print(f"{p.gpus:>5} {p.replicas:>8} {p.tp:>3} {p.pp:>3} {p.policy:>8} {p.token_budget:>6} "
               f"{p.capacity_qps:>11.3g} {p.headroom:>8.0%}")
     return 0

@@ -6,7 +6,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable, Sequence
 from typing import Hashable
 
 from sarathi_rt.measure.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeline_wait
@@ -21,7 +21,7 @@ from .config import EngineConfig
 from sarathi_rt.text.detokenizer import Detokenizer, TextDecoder
 from .executor import Executor, InProcessExecutor
 from .outputs import RequestOutput
-from .sequence import Sequence
+from .sequence import SequenceState
 from .step_io import SequenceChunk, StepInput, StepOutput
 from .tiles import resolve_tile_size
 
@@ -72,16 +72,16 @@ class LLMEngine:
         self.step_metrics: deque[StepMetrics] = deque(maxlen=self.METRICS_WINDOW)
         self.stage_metrics: deque[StageMetrics] = deque(maxlen=self.METRICS_WINDOW)
         self.num_steps = 0
-        # Each plan in flight keeps the Sequence of every entry: a request aborted (and
+        # Each plan in flight keeps the SequenceState of every entry: a request aborted (and
         # its id reused) while the plan runs must not receive that plan's token.
-        self._in_flight: deque[tuple[BatchPlan, list[Sequence], float]] = deque()
+        self._in_flight: deque[tuple[BatchPlan, list[SequenceState], float]] = deque()
         self._failure: BaseException | None = None
-        self._seqs: dict[Hashable, Sequence] = {}
+        self._seqs: dict[Hashable, SequenceState] = {}
         self._aborted: list[RequestOutput] = []
         self._seed_rng = random.Random(config.seed)
 
     # ----------------------------------------------------------------- requests
-    def add_request(self, request_id: Hashable, prompt: Seq[int], params: SamplingParams | None = None,
+    def add_request(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> None:
         """Queue a prompt (token ids). arrival_time defaults to now (time.perf_counter).
         Everything is checked before the request is registered, so a bad one leaves no
@@ -115,7 +115,7 @@ class LLMEngine:
         metrics = RequestMetrics(arrival_time=float(arrival_time), num_prompt_tokens=len(tokens))
         detokenizer = None if self.tokenizer is None else \
             Detokenizer(self.tokenizer, tokens, params.skip_special_tokens, params.stop)
-        seq = Sequence(request_id, tokens, params, seed, max_new, frozenset(stops), metrics,
+        seq = SequenceState(request_id, tokens, params, seed, max_new, frozenset(stops), metrics,
                        logprobs=[] if params.logprobs else None, detokenizer=detokenizer)
         self.scheduler.add_request(request_id, len(tokens), max_new, prompt_token_ids=tokens)  # last: it may refuse
         self._seqs[request_id] = seq
@@ -123,7 +123,7 @@ class LLMEngine:
     def _check_prompt(self, prompt: object) -> list[int]:
         if hasattr(prompt, "tolist"):  # a tensor or an array of ids
             prompt = prompt.tolist()
-        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Seq):
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
             raise TypeError(f"prompt must be a sequence of token ids, got {type(prompt).__name__}")
         tokens = [as_int("prompt token ids", t) for t in prompt]
         if not tokens:
@@ -209,7 +209,7 @@ class LLMEngine:
         """Stop the executor's workers (idempotent); the engine cannot step afterwards."""
         self.executor.shutdown()
 
-    def _step_input(self, plan: BatchPlan, seqs: list[Sequence], start: float) -> StepInput:
+    def _step_input(self, plan: BatchPlan, seqs: list[SequenceState], start: float) -> StepInput:
         chunks = []
         for e, seq in zip(plan.entries, seqs):
             if seq.metrics.first_scheduled_time is None:
@@ -220,7 +220,7 @@ class LLMEngine:
                                         seq.row_sampling() if e.emits_token else None))
         return StepInput(plan.step, chunks)
 
-    def _process(self, plan: BatchPlan, seqs: list[Sequence], out: StepOutput,
+    def _process(self, plan: BatchPlan, seqs: list[SequenceState], out: StepOutput,
                  start: float) -> list[RequestOutput]:
         now = time.perf_counter()
         emitting = [(e, seq) for e, seq in zip(plan.entries, seqs) if e.emits_token]

@@ -13,7 +13,7 @@ from .step_io import RowSampling
 
 
 @dataclass
-class Sequence:
+class SequenceState:
     request_id: Hashable
     prompt: list[int]
     params: SamplingParams

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from sarathi_rt.measure.metrics import StepMetrics
 
 if TYPE_CHECKING:
-    from sarathi_rt.sim.budget import BudgetChoice, StepTimeProfile
+    from sarathi_rt.sim.budget import BudgetChoice, StepTimeCurve
     from sarathi_rt.sim.capacity import CapacityResult
 
 PathLike = str | os.PathLike[str]
@@ -64,7 +64,7 @@ def plot_tokens_per_step(steps: Mapping[str, Sequence[StepMetrics]], path: PathL
     _save(fig, path)
 
 
-def plot_step_time(profile: StepTimeProfile, choice: BudgetChoice, path: PathLike) -> None:
+def plot_step_time(profile: StepTimeCurve, choice: BudgetChoice, path: PathLike) -> None:
     """Measured T(n) with the SLO, its margin and the chosen token budget."""
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()

@@ -9,7 +9,7 @@ import torch
 from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
 from sarathi_rt.ops._registry import KERNELS, native_op
-from sarathi_rt.ops.plan import AttentionPlan, plan_attention
+from sarathi_rt.ops.attention_plan import AttentionPlan, plan_attention
 
 _FLOATS = tuple(DTYPE_CODES)
 MAX_CPU_HEAD_DIM = 256

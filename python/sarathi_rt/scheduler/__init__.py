@@ -4,7 +4,7 @@ from .base import Scheduler
 from .block_manager import BlockManager
 from .chunking import suggest_chunk_size
 from .config import SchedulerConfig
-from .plan import BatchPlan, PlanEntry
+from .batch_plan import BatchPlan, PlanEntry
 from .prefix_cache import PrefixCacheStats, block_hashes
 from .policies import (DecodeMaximalScheduler, OrcaScheduler, RequestLevelScheduler,
                        SarathiScheduler, VLLMScheduler)

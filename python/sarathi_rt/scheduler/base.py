@@ -9,7 +9,7 @@ from typing import ClassVar, Collection, Hashable, Sequence
 
 from .block_manager import BlockManager
 from .config import SchedulerConfig
-from .plan import BatchPlan, PlanEntry
+from .batch_plan import BatchPlan, PlanEntry
 from .prefix_cache import PrefixCacheStats, block_hashes
 from .request import Request, RequestInfo, RequestStatus
 from sarathi_rt.step_time import StepTimeModel

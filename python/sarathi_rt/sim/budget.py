@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class StepTimeProfile:
+class StepTimeCurve:
     num_tokens: tuple[int, ...]
     seconds: tuple[float, ...]  # median step time at each count
     num_decodes: int
@@ -48,7 +48,7 @@ class StepTimeProfile:
             json.dump(asdict(self), f, indent=1)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> StepTimeProfile:
+    def load(cls, path: str | os.PathLike[str]) -> StepTimeCurve:
         with open(path) as f:
             d = json.load(f)
         return cls(tuple(d["num_tokens"]), tuple(d["seconds"]), d["num_decodes"], d["context_len"],
@@ -75,9 +75,9 @@ def hybrid_batch(num_tokens: int, num_decodes: int, context_len: int) -> list[tu
     return rows
 
 
-def profile_cost_model(cost_model: CostModel, token_counts: Sequence[int], *, num_decodes: int = 32,
-                       context_len: int = 1024, label: str = "") -> StepTimeProfile:
-    """T(n) as a cost model predicts it, for the same batches profile_step_time runs."""
+def cost_model_curve(cost_model: CostModel, token_counts: Sequence[int], *, num_decodes: int = 32,
+                       context_len: int = 1024, label: str = "") -> StepTimeCurve:
+    """T(n) as a cost model predicts it, for the same batches measure_step_curve runs."""
     counts = _check_counts(token_counts, num_decodes, context_len)
     seconds = []
     for n in counts:
@@ -89,7 +89,7 @@ def profile_cost_model(cost_model: CostModel, token_counts: Sequence[int], *, nu
             else:
                 plan.num_decode_tokens += q
         seconds.append(cost_model.step_time(plan))
-    return StepTimeProfile(tuple(counts), tuple(seconds), num_decodes, context_len, label)
+    return StepTimeCurve(tuple(counts), tuple(seconds), num_decodes, context_len, label)
 
 
 def synthetic_step(engine: LLMEngine, rows: Sequence[tuple[int, int, bool]]) -> StepInput:
@@ -132,8 +132,8 @@ def time_synthetic_step(engine: LLMEngine, rows: Sequence[tuple[int, int, bool]]
     return times
 
 
-def profile_step_time(engine: LLMEngine, token_counts: Sequence[int], *, num_decodes: int = 32,
-                      context_len: int = 1024, repeats: int = 5, warmup: int = 2) -> StepTimeProfile:
+def measure_step_curve(engine: LLMEngine, token_counts: Sequence[int], *, num_decodes: int = 32,
+                      context_len: int = 1024, repeats: int = 5, warmup: int = 2) -> StepTimeCurve:
     """Median wall time of real steps through `engine`'s executor (model forward and
     sampling) for each token count. The engine must be idle: the batches write
     throwaway KV into its cache blocks."""
@@ -142,7 +142,7 @@ def profile_step_time(engine: LLMEngine, token_counts: Sequence[int], *, num_dec
     for n in counts:
         rows = [(start, q, not prefill) for start, q, prefill in hybrid_batch(n, num_decodes, context_len)]
         seconds.append(statistics.median(time_synthetic_step(engine, rows, repeats=repeats, warmup=warmup)))
-    return StepTimeProfile(tuple(counts), tuple(seconds), num_decodes, context_len,
+    return StepTimeCurve(tuple(counts), tuple(seconds), num_decodes, context_len,
                            label=f"{engine.config.model} on {engine.config.device}")
 
 
@@ -155,7 +155,7 @@ class BudgetChoice:
     tile_size: int
 
 
-def choose_token_budget(profile: StepTimeProfile, tbt_slo: float, tile_size: int = 128, *,
+def choose_token_budget(profile: StepTimeCurve, tbt_slo: float, tile_size: int = 128, *,
                         margin: float = 0.1) -> BudgetChoice:
     """The largest multiple of tile_size (up to the largest profiled count) such that it
     and every smaller multiple take at most tbt_slo * (1 - margin); the margin absorbs longer contexts and

@@ -1,7 +1,7 @@
 """Cost models: how long one step (a BatchPlan) takes on a device, without running it.
 
 * `LinearCostModel`: fixed + per-token seconds, for tests and back-of-envelope runs.
-* `TableCostModel`: T(n) measured on this machine by `budget.profile_step_time`.
+* `TableCostModel`: T(n) measured on this machine by `budget.measure_step_curve`.
 * `VidurCostModel`: per-operation GPU times measured by vidur (`mlp.csv`) plus an
   attention term from FLOPs and KV bytes with stated peak numbers and efficiencies.
 """
@@ -83,7 +83,7 @@ class LinearCostModel(ShapeCost):
 
 class TableCostModel(ShapeCost):
     """Step time interpolated from measured (num_tokens, seconds) points, e.g. a
-    `StepTimeProfile`. The points were taken with representative decode counts and
+    `StepTimeCurve`. The points were taken with representative decode counts and
     context lengths, so the model depends on the token count only."""
 
     def __init__(self, num_tokens: Sequence[int], seconds: Sequence[float], comm_s: float = 0.0) -> None:

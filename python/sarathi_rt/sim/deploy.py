@@ -7,7 +7,7 @@ the most tokens per second a replica can process (the best n / T(n) of its cost 
 times PP for a full pipeline) caps its capacity, and so does Little's law (a running
 request holds a sequence slot and its prompt's KV for at least one pipeline pass per
 output token), hence the fewest replicas it can need. Candidates are then simulated cheapest bound first, and the search stops once
-`top` plans are known that no unsimulated candidate's bound can beat. A candidate's
+`top` deployments are known that no unsimulated candidate's bound can beat. A candidate's
 capacity per replica does not depend on the target rate: it is searched (10 %
 bisection, never above the ceiling) only when one run at the least rate per replica
 that would enter the list found so far meets the SLO; each rate is simulated once, over
@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from sarathi_rt.sim.budget import choose_token_budget, profile_cost_model
+from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve
 from sarathi_rt.sim.capacity import SLO, find_capacity
 from sarathi_rt.measure.metrics import MetricsSummary, summarize
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, get_policy
@@ -34,7 +34,7 @@ LIFETIMES = 4  # ... and at least this many request lifetimes (mean output token
 
 
 @dataclass(frozen=True)
-class PlanSLO(SLO):
+class DeploymentSLO(SLO):
     """SLO with an optional P50 time-to-first-token limit (seconds)."""
 
     ttft_p50: float | None = None
@@ -50,9 +50,9 @@ class PlanSLO(SLO):
 
 
 @dataclass(frozen=True)
-class PlanRequest:
+class DeploymentRequest:
     qps: float
-    slo: PlanSLO
+    slo: DeploymentSLO
     profile: str
     num_layers: int = 32
     hardware: str = "a100"
@@ -99,7 +99,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Deployment:
     """replicas x (tp x pp) GPUs; capacity_qps per replica; headroom: how much more than
     the target rate the plan serves (0.25: 25 % more)."""
 
@@ -117,15 +117,15 @@ class Plan:
 
 
 @dataclass
-class PlanResult:
-    plans: list[Plan]  # cheapest first
+class DeploymentSearch:
+    deployments: list[Deployment]  # cheapest first
     simulated: int  # candidates whose capacity was searched
     pruned: dict[str, int]  # reason -> candidates dropped without simulating
 
 
-def plan_deployment(request: PlanRequest, workload: WorkloadConfig,
-                    log: Callable[[str], None] = lambda _: None) -> PlanResult:
-    """The `request.top` cheapest plans (fewest GPUs, then most headroom) meeting the SLO
+def plan_deployment(request: DeploymentRequest, workload: WorkloadConfig,
+                    log: Callable[[str], None] = lambda _: None) -> DeploymentSearch:
+    """The `request.top` cheapest deployments (fewest GPUs, then most headroom) meeting the SLO
     at request.qps on `workload` (its qps is ignored)."""
     specs = make_workload(replace(workload, qps=request.qps))
     pruned: dict[str, int] = {}
@@ -144,22 +144,22 @@ def plan_deployment(request: PlanRequest, workload: WorkloadConfig,
     # lifetimes) before its judged half starts, or a small overload looks sustainable:
     # at 60 s the capacities came out 7-15 % high, the more so the larger the cache (PP).
     span = max(MIN_SPAN_S, LIFETIMES * request.slo.tbt_p99 * sum(r.num_decode_tokens for r in specs) / len(specs))
-    plans: list[Plan] = []
+    deployments: list[Deployment] = []
     simulated = 0
     for i, cand in enumerate(candidates):
-        if len(plans) >= request.top and cand.min_gpus(request.qps) > plans[request.top - 1].gpus:
+        if len(deployments) >= request.top and cand.min_gpus(request.qps) > deployments[request.top - 1].gpus:
             prune("cannot beat the plans already found", len(candidates) - i)
             break
         simulated += 1
         run = _runner(request, workload, cand, span)
         start = min(request.qps, cand.max_qps_bound / 2)
-        if len(plans) >= request.top:
+        if len(deployments) >= request.top:
             # To enter the list it must serve the rate with at most the last plan's GPUs:
             # one run at that rate settles most candidates without a search.
-            need = request.qps / (plans[request.top - 1].gpus // cand.gpus_per_replica)
+            need = request.qps / (deployments[request.top - 1].gpus // cand.gpus_per_replica)
             if not request.slo.met_by(run(need)):
                 log(f"TP={cand.tp} PP={cand.pp} {cand.policy} budget={cand.token_budget}: misses the SLO at "
-                    f"{need:.3g} QPS per replica, the least that beats the plans found")
+                    f"{need:.3g} QPS per replica, the least that beats the deployments found")
                 continue
             start = need
         capacity = find_capacity(run, request.slo, policy=cand.policy, qps_start=start, rel_tol=0.1,
@@ -169,13 +169,13 @@ def plan_deployment(request: PlanRequest, workload: WorkloadConfig,
         if capacity <= 0 or math.ceil(request.qps / capacity) * cand.gpus_per_replica > request.max_gpus:
             continue
         replicas = math.ceil(request.qps / capacity)
-        plans.append(Plan(replicas, cand.tp, cand.pp, cand.policy, cand.token_budget, capacity,
+        deployments.append(Deployment(replicas, cand.tp, cand.pp, cand.policy, cand.token_budget, capacity,
                           replicas * capacity / request.qps - 1))
-        plans.sort(key=lambda p: (p.gpus, -p.headroom))
-    return PlanResult(plans[:request.top], simulated, pruned)
+        deployments.sort(key=lambda p: (p.gpus, -p.headroom))
+    return DeploymentSearch(deployments[:request.top], simulated, pruned)
 
 
-def _candidates(request: PlanRequest, specs: Sequence[RequestSpec], prune: Callable[[str], None]
+def _candidates(request: DeploymentRequest, specs: Sequence[RequestSpec], prune: Callable[[str], None]
                 ) -> list[Candidate]:
     """Every (TP, PP, policy, budget) that passes the checks needing no simulation."""
     hardware = HARDWARE[request.hardware]
@@ -219,7 +219,7 @@ def _candidates(request: PlanRequest, specs: Sequence[RequestSpec], prune: Calla
     return out
 
 
-def _budgets(request: PlanRequest, policy: str, cost: VidurCostModel, pp: int, longest: int, context: int,
+def _budgets(request: DeploymentRequest, policy: str, cost: VidurCostModel, pp: int, longest: int, context: int,
              prune: Callable[[str], None]) -> list[int]:
     """Unchunked policies batch whole prompts (their cap is the longest request); the
     chunked ones take the given budgets, or the largest tile-aligned step for
@@ -232,7 +232,7 @@ def _budgets(request: PlanRequest, policy: str, cost: VidurCostModel, pp: int, l
     if request.token_budgets:
         return list(request.token_budgets)
     counts = list(range(BUDGET_TILE // 4, 8193, BUDGET_TILE // 4))
-    profile = profile_cost_model(cost, counts, num_decodes=min(32, request.max_num_seqs), context_len=context)
+    profile = cost_model_curve(cost, counts, num_decodes=min(32, request.max_num_seqs), context_len=context)
     try:
         tbt = request.slo.tbt_p99 * pp / (pp + 1) if pp > 1 else request.slo.tbt_p99
         return [choose_token_budget(profile, tbt, BUDGET_TILE).token_budget]
@@ -267,7 +267,7 @@ def _stage_time(cost: VidurCostModel, pp: int, num_tokens: int) -> float:
     return cost.step_time(plan) / pp + (cost.comm_time(num_tokens) if pp > 1 else 0.0)
 
 
-def _runner(request: PlanRequest, workload: WorkloadConfig, cand: Candidate, span: float
+def _runner(request: DeploymentRequest, workload: WorkloadConfig, cand: Candidate, span: float
             ) -> Callable[[float], MetricsSummary]:
     """One simulated run of a replica of `cand` at a rate (each rate simulated once)."""
     hardware = HARDWARE[request.hardware]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 if TYPE_CHECKING:
-    from sarathi_rt.scheduler.plan import BatchPlan
+    from sarathi_rt.scheduler.batch_plan import BatchPlan
 
 
 @dataclass(frozen=True, slots=True)
