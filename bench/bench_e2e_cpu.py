@@ -50,10 +50,10 @@ def requests(n: int, scale: float, vocab: int, seed: int) -> tuple[list[list[int
 def run_ours(llm: LLM, prompts: list[list[int]], lengths: list[int]) -> tuple[float, list[list[int]], int]:
     """Seconds, output tokens, and the number of engine steps taken."""
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
-    steps = len(llm.engine.step_metrics)
+    steps = llm.engine.num_steps
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    return time.perf_counter() - start, [o.token_ids for o in outs], len(llm.engine.step_metrics) - steps
+    return time.perf_counter() - start, [o.token_ids for o in outs], llm.engine.num_steps - steps
 
 
 @torch.no_grad()

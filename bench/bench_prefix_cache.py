@@ -29,7 +29,7 @@ def run_engine(on: bool, workload, args) -> dict:
               enable_prefix_caching=on)
     engine = llm.engine
     warm_up(engine)
-    first_step = len(engine.step_metrics)
+    first_step = engine.num_steps
     t0 = time.perf_counter()
     for r in workload:  # a burst: every request arrives now
         engine.add_request(r.request_id, list(r.prompt_token_ids), SamplingParams(
@@ -40,7 +40,7 @@ def run_engine(on: bool, workload, args) -> dict:
             if out.finished:
                 done[out.request_id] = out
     outs = [done[r.request_id] for r in workload]
-    s = summarize([o.metrics for o in outs], engine.step_metrics[first_step:])
+    s = summarize([o.metrics for o in outs], engine.steps_since(first_step))
     return {"ttft_p50": s.ttft.p50, "ttft_p99": s.ttft.p99, "tokens_per_s": s.tokens_per_s,
             "hit_rate": s.prefix_cache_hit_rate, "duration": s.duration,
             "outputs": [(o.token_ids, o.logprobs) for o in outs]}
