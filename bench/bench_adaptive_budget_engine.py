@@ -20,7 +20,8 @@ import os
 
 import numpy as np
 
-from sarathi_rt.sim.budget import choose_token_budget, measure_step_curve
+from sarathi_rt.measure.step_timing import measure_step_curve
+from sarathi_rt.sim.budget import choose_token_budget
 from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics, percentile
 from sarathi_rt.workloads import RequestSpec
 

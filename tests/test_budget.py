@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sarathi_rt.sim.budget import StepTimeCurve, choose_token_budget, hybrid_batch, cost_model_curve
+from sarathi_rt.sim.budget import StepTimeCurve, SyntheticRow, choose_token_budget, cost_model_curve, hybrid_batch
 from sarathi_rt.scheduler import BatchPlan, PlanEntry
 from sarathi_rt.sim import LinearCostModel, VidurCostModel
 from sarathi_rt.workloads import data_path
@@ -53,8 +53,9 @@ def test_unreachable_slo_and_bad_arguments() -> None:
 
 
 def test_hybrid_batch_shape() -> None:
-    assert hybrid_batch(10, 4, 100) == [(100, 1, False)] * 4 + [(100, 6, True)]
-    assert hybrid_batch(3, 4, 100) == [(100, 1, False)] * 3
+    decode, chunk = SyntheticRow(100, 1, False, True), SyntheticRow(100, 6, True, False)
+    assert hybrid_batch(10, 4, 100) == [decode] * 4 + [chunk]
+    assert hybrid_batch(3, 4, 100) == [decode] * 3
 
 
 def test_profile_round_trip_and_cost_model(tmp_path) -> None:

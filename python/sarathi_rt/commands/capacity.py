@@ -10,7 +10,8 @@ import dataclasses
 import json
 import os
 
-from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve, measure_step_curve
+from sarathi_rt.measure.step_timing import measure_step_curve
+from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve
 from sarathi_rt.sim.capacity import SLO, CapacityResult, find_capacity
 from sarathi_rt.measure.metrics import MetricsSummary, summarize
 from sarathi_rt.workloads import make_workload

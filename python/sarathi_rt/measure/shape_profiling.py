@@ -7,14 +7,16 @@ workload measures the host's per-step overhead. `speed_factor` re-times steps la
 own steps, so that a simulation can follow the machine's speed."""
 from __future__ import annotations
 
-import random
 import statistics
 import time
 from typing import TYPE_CHECKING, Sequence
 
 from sarathi_rt.step_time.shape import StepShape
+from sarathi_rt.sim.budget import SyntheticRow
 from sarathi_rt.sim.shape_model import MeasuredStep, ShapeCostModel, ShapeProfile
 from sarathi_rt.workloads import RequestSpec
+
+from .step_timing import time_steps
 
 if TYPE_CHECKING:
     from sarathi_rt.engine import LLMEngine
@@ -50,44 +52,15 @@ def profile_batches(context_len: int, max_decodes: int, max_chunk: int) -> list[
 def measure(engine: LLMEngine, batches: Sequence[tuple[int, int, int, int]], *, repeats: int = 3,
             warmup: int = 1, seed: int = 0) -> list[MeasuredStep]:
     """Wall time of each batch through the engine's executor (model forward and
-    sampling), `repeats` times after `warmup` (see `_time_rows`). The engine must be idle:
+    sampling), `repeats` times after `warmup` (see `time_steps`). The engine must be idle:
     the batches write throwaway KV into its cache blocks."""
-    times = _time_rows(engine, [_batch_rows(*b) for b in batches], repeats=repeats, warmup=warmup, seed=seed)
+    times = time_steps(engine, [_batch_rows(*b) for b in batches], repeats=repeats, warmup=warmup, seed=seed)
     return [MeasuredStep(q, pctx, d, dctx, False, tuple(t)) for (q, pctx, d, dctx), t in zip(batches, times)]
 
 
-def _batch_rows(q: int, pctx: int, d: int, dctx: int) -> list[tuple[int, int, bool]]:
-    """synthetic_step rows of a profiled batch: d decodes at dctx, a q-token chunk at pctx."""
-    return [(dctx, 1, True)] * d + ([(pctx, q, False)] if q else [])
-
-
-def _time_rows(engine: LLMEngine, rows: Sequence[Sequence[tuple[int, int, bool]]], *, repeats: int,
-               warmup: int, seed: int) -> list[list[float]]:
-    """Executor wall times of the `synthetic_step` of each row list, `repeats` each.
-
-    The repeats are rounds: each times every step once, in a fresh (seeded) random
-    order. Timed step after step, a change of the machine's load during the profile
-    (minutes on a CPU) lands on whole groups of steps (all decodes at one context, say)
-    as a systematic error the fit cannot tell from a real cost; in shuffled rounds it is
-    noise on every step, which the median over the rounds removes."""
-    from sarathi_rt.sim.budget import synthetic_step
-
-    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
-    steps = [synthetic_step(engine, r) for r in rows]
-    for step in steps:
-        for _ in range(warmup):
-            engine.executor.execute(step)
-    times: list[list[float]] = [[] for _ in steps]
-    rng = random.Random(seed)
-    order = list(range(len(steps)))
-    for _ in range(repeats):
-        rng.shuffle(order)
-        for i in order:
-            t0 = time.perf_counter()
-            engine.executor.execute(steps[i])
-            times[i].append(time.perf_counter() - t0)
-    return times
+def _batch_rows(q: int, pctx: int, d: int, dctx: int) -> list[SyntheticRow]:
+    """A profiled batch: d decodes at dctx, a q-token (middle) chunk at pctx."""
+    return [SyntheticRow(dctx, 1, False, True)] * d + ([SyntheticRow(pctx, q, True, False)] if q else [])
 
 
 def host_overhead(engine: LLMEngine, workload: Sequence[RequestSpec], seed: int) -> float:
@@ -133,9 +106,10 @@ def speed_factor(engine: LLMEngine, model: ShapeCostModel, plans: Sequence[Batch
     else:
         if not plans or any(p.is_empty for p in plans):
             raise ValueError("plans must be a non-empty sequence of non-empty BatchPlans")
-        rows = [[(e.start_pos, e.num_tokens, e.emits_token) for e in p.entries] for p in plans]
+        rows = [[SyntheticRow(e.start_pos, e.num_tokens, e.is_prefill, e.emits_token) for e in p.entries]
+                for p in plans]
         shapes = [StepShape.of_plan(p) for p in plans]
-    times = _time_rows(engine, rows, repeats=repeats, warmup=1, seed=seed)
+    times = time_steps(engine, rows, repeats=repeats, warmup=1, seed=seed)
     return statistics.median(statistics.median(t) / model.model_time(sh) for t, sh in zip(times, shapes))
 
 

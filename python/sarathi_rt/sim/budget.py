@@ -1,5 +1,6 @@
-"""The token budget from a TBT SLO: measure step time T(n) for hybrid batches of n
-tokens, then take the largest tile-aligned n whose T(n) stays within the SLO.
+"""The token budget from a TBT SLO: step time T(n) for hybrid batches of n tokens (from
+a cost model here, or measured on an engine by `sarathi_rt.measure.step_timing`), then
+the largest tile-aligned n whose T(n) stays within the SLO.
 
 A representative hybrid batch of n tokens carries min(num_decodes, n) decodes, each
 over context_len cached tokens, and one prefill chunk of the remaining tokens that
@@ -9,17 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
-import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import NamedTuple, Sequence
 
 from sarathi_rt.scheduler import BatchPlan, PlanEntry
 from sarathi_rt.sim.cost import CostModel, TableCostModel, interpolate_measured
-
-if TYPE_CHECKING:
-    from sarathi_rt.engine import LLMEngine
-    from sarathi_rt.engine.step_io import StepInput
 
 
 @dataclass(frozen=True)
@@ -55,7 +50,7 @@ class StepTimeCurve:
                    d.get("label", ""))
 
 
-def _check_counts(token_counts: Sequence[int], num_decodes: int, context_len: int) -> list[int]:
+def check_counts(token_counts: Sequence[int], num_decodes: int, context_len: int) -> list[int]:
     counts = sorted(set(token_counts))
     if not counts or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in counts):
         raise ValueError(f"token_counts must be positive ints, got {list(token_counts)!r}")
@@ -66,84 +61,42 @@ def _check_counts(token_counts: Sequence[int], num_decodes: int, context_len: in
     return counts
 
 
-def hybrid_batch(num_tokens: int, num_decodes: int, context_len: int) -> list[tuple[int, int, bool]]:
-    """(start_pos, num_tokens, is_prefill) of each entry of the representative batch."""
+class SyntheticRow(NamedTuple):
+    """One request of a synthetic step: `num_tokens` tokens from `start_pos`; `samples`:
+    the step samples a token for it (every decode; a prefill chunk only when it completes
+    its prompt)."""
+
+    start_pos: int
+    num_tokens: int
+    is_prefill: bool
+    samples: bool
+
+
+def hybrid_batch(num_tokens: int, num_decodes: int, context_len: int) -> list[SyntheticRow]:
+    """The representative batch of `num_tokens` tokens: its decodes, then one middle
+    chunk of a long prompt (which does not sample)."""
     d = min(num_decodes, num_tokens)
-    rows = [(context_len, 1, False)] * d
+    rows = [SyntheticRow(context_len, 1, False, True)] * d
     if num_tokens > d:
-        rows.append((context_len, num_tokens - d, True))
+        rows.append(SyntheticRow(context_len, num_tokens - d, True, False))
     return rows
 
 
 def cost_model_curve(cost_model: CostModel, token_counts: Sequence[int], *, num_decodes: int = 32,
                        context_len: int = 1024, label: str = "") -> StepTimeCurve:
     """T(n) as a cost model predicts it, for the same batches measure_step_curve runs."""
-    counts = _check_counts(token_counts, num_decodes, context_len)
+    counts = check_counts(token_counts, num_decodes, context_len)
     seconds = []
     for n in counts:
         plan = BatchPlan(0)
-        for i, (start, q, prefill) in enumerate(hybrid_batch(n, num_decodes, context_len)):
-            plan.entries.append(PlanEntry(i, start, q, prefill, not prefill))
-            if prefill:
-                plan.num_prefill_tokens += q
+        for i, row in enumerate(hybrid_batch(n, num_decodes, context_len)):
+            plan.entries.append(PlanEntry(i, row.start_pos, row.num_tokens, row.is_prefill, row.samples))
+            if row.is_prefill:
+                plan.num_prefill_tokens += row.num_tokens
             else:
-                plan.num_decode_tokens += q
+                plan.num_decode_tokens += row.num_tokens
         seconds.append(cost_model.step_time(plan))
     return StepTimeCurve(tuple(counts), tuple(seconds), num_decodes, context_len, label)
-
-
-def synthetic_step(engine: LLMEngine, rows: Sequence[tuple[int, int, bool]]) -> StepInput:
-    """A step of one request per row (start_pos, num_tokens, samples), each in blocks of
-    its own from block 0, with throwaway ids; running it writes throwaway KV into those
-    blocks, so the engine must be idle."""
-    from sarathi_rt.engine.step_io import RowSampling, SequenceChunk, StepInput
-
-    if engine.has_unfinished():
-        raise ValueError("engine has unfinished requests; profiling needs an idle engine")
-    bs, num_blocks = engine.config.block_size, engine.executor.num_kv_blocks
-    vocab = engine.model_config.vocab_size
-    greedy = RowSampling(temperature=0.0, top_k=None, top_p=1.0, seed=0, num_generated=0)
-    chunks, next_block = [], 0
-    for i, (start, n, sample) in enumerate(rows):
-        need = -(-(start + n) // bs)
-        if next_block + need > num_blocks:
-            raise ValueError(f"a step of {len(rows)} requests over {sum(r[0] + r[1] for r in rows)} tokens "
-                             f"needs more than the engine's {num_blocks} KV blocks")
-        ids = [(7919 * (i + 1) + 31 * k) % vocab for k in range(n)]
-        chunks.append(SequenceChunk(i, ids, start, list(range(next_block, next_block + need)),
-                                    greedy if sample else None))
-        next_block += need
-    return StepInput(0, chunks)
-
-
-def time_synthetic_step(engine: LLMEngine, rows: Sequence[tuple[int, int, bool]], *, repeats: int,
-                        warmup: int) -> list[float]:
-    """Wall times of the `synthetic_step` of `rows` through `engine`'s executor (model
-    forward and sampling), `repeats` times after `warmup`."""
-    if not isinstance(repeats, int) or repeats < 1 or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
-    step = synthetic_step(engine, rows)
-    times = []
-    for r in range(warmup + repeats):
-        t0 = time.perf_counter()
-        engine.executor.execute(step)
-        if r >= warmup:
-            times.append(time.perf_counter() - t0)
-    return times
-
-
-def measure_step_curve(engine: LLMEngine, token_counts: Sequence[int], *, num_decodes: int = 32,
-                      context_len: int = 1024, repeats: int = 5, warmup: int = 2) -> StepTimeCurve:
-    """Median wall time of real steps through `engine`'s executor (model forward and
-    sampling) for each token count. The engine must be idle: the batches write
-    throwaway KV into its cache blocks."""
-    counts = _check_counts(token_counts, num_decodes, context_len)
-    seconds = []
-    for n in counts:
-        rows = [(start, q, not prefill) for start, q, prefill in hybrid_batch(n, num_decodes, context_len)]
-        seconds.append(statistics.median(time_synthetic_step(engine, rows, repeats=repeats, warmup=warmup)))
-    return StepTimeCurve(tuple(counts), tuple(seconds), num_decodes, context_len,
-                           label=f"{engine.config.model} on {engine.config.device}")
 
 
 @dataclass(frozen=True)
