@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .registry import get_policy
+
 
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -50,8 +52,6 @@ class SchedulerConfig:
     enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
-        from .registry import get_policy  # late: the registry imports the policies
-
         policy_cls = get_policy(self.policy)
         if self.chunk_size is None:
             object.__setattr__(self, "chunk_size", self.token_budget)

@@ -1,4 +1,8 @@
-"""Policies by name, so configs, CLIs and simulators can pick one with a string."""
+"""Policies by name, so configs, CLIs and simulators can pick one with a string.
+
+A leaf module: the policies register into it when the package imports them, and the
+config looks names up in it, so neither imports the other (the package's `__init__`
+imports every built-in policy before anything can build a config)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
@@ -21,12 +25,10 @@ def register_policy(cls: S) -> S:
 
 
 def available_policies() -> list[str]:
-    _load_builtin()
     return sorted(_POLICIES)
 
 
 def get_policy(name: str) -> type[Scheduler]:
-    _load_builtin()
     try:
         return _POLICIES[name]
     except KeyError:
@@ -37,6 +39,3 @@ def create_scheduler(config: SchedulerConfig, step_time_model: StepTimeModel | N
     """The policy's scheduler; `step_time_model` sizes each step when config.tbt_slo is set."""
     return get_policy(config.policy)(config, step_time_model)
 
-
-def _load_builtin() -> None:
-    from . import policies  # noqa: F401  (registers on import; late to avoid a cycle)
