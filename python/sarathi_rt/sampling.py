@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 SEED_LIMIT = 2**64  # seeds are mixed as 64-bit words: a larger one would alias a smaller
+# Below this temperature sampling is greedy (vLLM's floor too): dividing float32 logits by
+# 1e-38 overflows them to inf, and softmax of inf is NaN, which would pick garbage.
+GREEDY_TEMPERATURE = 1e-5
 
 
 def as_int(name: str, value: object) -> int:
@@ -32,8 +35,8 @@ def _int(name: str, value: object, minimum: int, limit: int | None = None) -> in
 class SamplingParams:
     """Per-request decoding settings.
 
-    max_tokens: most tokens to generate. temperature: 0 is greedy (argmax); otherwise
-    logits are divided by it before top_k (keep the k most likely; None keeps all) and
+    max_tokens: most tokens to generate. temperature: 0, or anything below
+    GREEDY_TEMPERATURE (1e-5), is greedy (argmax); otherwise logits are divided by it before top_k (keep the k most likely; None keeps all) and
     top_p (keep the smallest set whose probability reaches p). seed: makes a sampled
     request reproducible, whatever else shares its batches; None draws one from the
     engine's seed (seeds lie in [0, 2**64)). Generation stops at max_tokens, at any of
@@ -80,4 +83,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE

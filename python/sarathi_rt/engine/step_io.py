@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Hashable
 
 from sarathi_rt.measure.metrics import StageMetrics
+from sarathi_rt.sampling import GREEDY_TEMPERATURE
 
 
 @dataclass(slots=True)
@@ -27,7 +28,7 @@ class RowSampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from sarathi_rt.models import ParallelLayout, load_model
 from sarathi_rt.utils.nvtx import nvtx_range
 
 from .config import EngineConfig
-from .memory import auto_num_blocks
+from .memory import auto_num_blocks, available_bytes
 from .model_runner import ModelRunner
 from .sampler import Sampler
 from .step_io import RowSampling, SequenceChunk, StepInput, StepOutput
@@ -42,6 +42,11 @@ class Worker:
                                      config.dtype)
         self.max_model_len = config.model_len(self.model.config)
         fraction = config.kv_memory_fraction if kv_memory_fraction is None else kv_memory_fraction
+        if config.num_kv_blocks is not None:
+            wanted, free = config.num_kv_blocks * self.kv_shape.bytes_per_block, available_bytes(config.device)
+            if wanted > free:
+                raise ValueError(f"num_kv_blocks={config.num_kv_blocks} needs {wanted / 2**30:.2f} GiB of KV cache; "
+                                 f"{config.device} has {free / 2**30:.2f} GiB free")
         self.num_kv_blocks = config.num_kv_blocks or auto_num_blocks(
             self.kv_shape, config.device, config.max_num_seqs, self.max_model_len, fraction)
         self.sampler = Sampler()

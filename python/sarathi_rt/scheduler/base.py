@@ -132,6 +132,9 @@ class Scheduler(ABC):
         if reqs is None:
             raise ValueError(f"plan for step {plan.step} is not in flight "
                              "(already updated, or from another scheduler)")
+        if isinstance(stopped, (str, bytes)) or not isinstance(stopped, Collection):
+            # a str is a collection of its characters: "a" would stop request "a" by luck
+            raise TypeError(f"stopped must be a collection of request ids, got {stopped!r}")
         if stopped:
             stopped = set(stopped)
             bad = stopped - {e.request_id for e in plan.entries if e.emits_token}

@@ -5,6 +5,8 @@ renders it (a sandboxed jinja2 environment)."""
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
@@ -146,10 +148,27 @@ class Tokenizer:
     def special_token_ids(self) -> frozenset[int]:
         return frozenset(i for i, t in self._backend.get_added_tokens_decoder().items() if t.special)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
+        """`text` -> ids; add_special_tokens adds what the vocabulary asks for (a BOS).
+        parse_special=False reads the text of special tokens ("<|im_end|>") as plain
+        characters: for text from someone who must not write control tokens."""
+        _check_text("text", text)
+        backend = self._backend if parse_special else self._plain_backend
+        return backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @cached_property
+    def _plain_backend(self) -> tokenizers.Tokenizer:
+        # A copy, because encode_special_tokens is the backend's state, not an argument:
+        # flipping it on the shared backend would race encodes in other threads.
+        backend = tokenizers.Tokenizer.from_str(self._backend.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
+    @cached_property
+    def _special_text(self) -> re.Pattern[str]:
+        texts = sorted((t.content for t in self._backend.get_added_tokens_decoder().values() if t.special),
+                       key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts)) or r"(?!)")
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(self._check_ids(ids), skip_special_tokens=skip_special_tokens)
@@ -180,11 +199,50 @@ class Tokenizer:
                     or "content" not in message:
                 raise ValueError(f"conversation[{i}] must be a dict with a str 'role' and a 'content', "
                                  f"got {message!r}")
-        text = self._template.render(messages=list(conversation), add_generation_prompt=add_generation_prompt,
+            if isinstance(message["content"], str):
+                _check_text(f"conversation[{i}]['content']", message["content"])
+        text = self._render(list(conversation), add_generation_prompt, kwargs)
+        if not tokenize:
+            return text
+        if not any(isinstance(m["content"], str) and self._special_text.search(m["content"])
+                   for m in conversation):
+            return self.encode(text, add_special_tokens=False)
+        return self._encode_apart(conversation, text, add_generation_prompt, kwargs)
+
+    def _render(self, messages: list[Mapping[str, Any]], add_generation_prompt: bool, kwargs: dict[str, Any]) -> str:
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      bos_token=self._token_text(self.bos_token_id),
                                      eos_token=self._token_text(self.eos_token_ids[0] if self.eos_token_ids
                                                                 else None), **kwargs)
-        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def _encode_apart(self, conversation: Sequence[Mapping[str, Any]], text: str, add_generation_prompt: bool,
+                      kwargs: dict[str, Any]) -> list[int]:
+        """Ids of `text` (the rendered conversation) with special tokens read only where
+        the template wrote them: message contents that spell one ("<|im_end|>") are
+        tokenized as plain text, or a user could end their turn and forge a system
+        turn. Found by rendering again with a unique mark in place of each content."""
+        nonce = uuid.uuid4().hex
+        marks: dict[str, str] = {}
+        masked = []
+        for i, message in enumerate(conversation):
+            if isinstance(message["content"], str):
+                mark = f"\x1e{nonce}:{i}\x1e"
+                marks[mark] = message["content"]
+                message = dict(message, content=mark)
+            masked.append(message)
+        rendered = self._render(masked, add_generation_prompt, kwargs)
+        pieces = re.split("(" + "|".join(map(re.escape, marks)) + ")", rendered)
+        if "".join(marks.get(p, p) for p in pieces) != text:
+            raise ValueError("a message's content spells a special token, and this chat template changes "
+                             "contents as it writes them, so they cannot be kept apart from its own special "
+                             "tokens; remove the special-token text from the content")
+        ids: list[int] = []
+        for piece in pieces:
+            if piece in marks:
+                ids += self.encode(marks[piece], add_special_tokens=False, parse_special=False)
+            elif piece:
+                ids += self.encode(piece, add_special_tokens=False)
+        return ids
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self._backend.id_to_token(token_id) or ""
@@ -210,6 +268,15 @@ class Tokenizer:
             return env.from_string(self.chat_template)
         except jinja2.exceptions.TemplateSyntaxError as exc:
             raise ValueError(f"the chat template of {self.source or 'this model'} does not parse: {exc}") from exc
+
+
+def _check_text(name: str, text: object) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone UTF-16 surrogate, which tokenizers cannot take
+        raise ValueError(f"{name} is not valid Unicode: {exc.reason} at index {exc.start}") from None
 
 
 def _set_template(backend: tokenizers.Tokenizer, tokens: list[str], bos: int | None, eos: int | None) -> None:
