@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import warnings
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics
 from sarathi_rt.scheduler import SchedulerConfig, available_policies, get_policy
@@ -29,8 +30,24 @@ def optional_plots() -> ModuleType | None:
     return plots
 
 
-def add_common_args(p: argparse.ArgumentParser, policies: str, model: str = "cpu-small") -> None:
-    w = p.add_argument_group("workload")
+# Flags by the backend that reads them, with the default each gets when that backend
+# runs. A flag is None (False for switches) until given, so a flag the chosen backend
+# would ignore is an error naming it, never silently dropped.
+SCHEDULER_FLAGS = {"token_budget": None, "chunk_size": None, "tile_size": None, "max_num_seqs": None,
+                   "block_size": 16, "num_blocks": None, "adaptive_budget": False}
+ENGINE_FLAGS = {"model": None, "device": "cpu", "dtype": "float32", "threads": 1, "tensor_parallel_size": 1,
+                "pipeline_parallel_size": 1, "worker_timeout": 300.0}
+SIMULATOR_FLAGS = {"vidur_profile": None, "step_profile": None, "hardware": None, "num_layers": 32, "tp": 1,
+                   "pipeline_stages": 1}
+VIDUR_ONLY = ("hardware", "num_layers", "tp")  # a step profile fixes the engine it measured
+ENDPOINT_FLAGS = {"vocab_size": 32000}
+
+
+def add_common_args(p: argparse.ArgumentParser, policies: str, model: str = "cpu-small", *,
+                    simulator: bool = True) -> None:
+    """The workload, scheduler and engine flags, and (`simulator`) the simulator's."""
+    p.set_defaults(default_policies=policies, default_model=model)
+    w = p.add_argument_group("workload (every backend)")
     w.add_argument("--trace", default="sharegpt",
                    help=f"request lengths: {', '.join(BUILTIN_TRACES)}, a CSV path "
                         "(num_prefill_tokens,num_decode_tokens[,arrived_at]), fixed or uniform")
@@ -39,41 +56,104 @@ def add_common_args(p: argparse.ArgumentParser, policies: str, model: str = "cpu
     w.add_argument("--num-requests", type=int, default=None)
     w.add_argument("--arrival", choices=ARRIVALS, default="poisson")
     w.add_argument("--seed", type=int, default=0)
-    s = p.add_argument_group("scheduler")
-    s.add_argument("--policy", default=policies, help=f"comma-separated, of {', '.join(available_policies())}")
-    s.add_argument("--token-budget", type=int, default=None, help="tokens per step of the chunked policies")
-    s.add_argument("--chunk-size", type=int, default=None, help="largest prefill chunk (default: the budget)")
-    s.add_argument("--tile-size", type=int, default=None, help="GEMM tile rows to align steps to")
-    s.add_argument("--max-num-seqs", type=int, default=None)
-    s.add_argument("--block-size", type=int, default=16)
-    s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: sized from memory)")
-    s.add_argument("--adaptive-budget", action="store_true",
-                   help="size each sarathi step to --tbt-slo with a step-time model (the simulator's cost "
-                        "model, or one the engine learns online); --token-budget becomes the cap")
-    e = p.add_argument_group("engine")
-    e.add_argument("--model", default=model, help=f"named model ({REAL_MODEL}), GGUF file, Hugging Face "
-                                                  f"directory or preset (tiny, cpu-small; default {model})")
-    e.add_argument("--device", default="cpu")
-    e.add_argument("--dtype", default="float32")
-    e.add_argument("--threads", type=int, default=1,
-                   help="CPU threads for torch and the kernels (1 keeps timings steady on a shared machine)")
-    e.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="worker processes per pipeline stage (under torchrun: see python -m sarathi_rt.launch)")
-    e.add_argument("--pipeline-parallel-size", type=int, default=1)
-    e.add_argument("--worker-timeout", type=float, default=300.0, help="seconds a worker may keep a step")
-    m = p.add_argument_group("simulator")
-    m.add_argument("--simulate", action="store_true", help="use the simulator instead of the engine")
-    m.add_argument("--profile", default=None,
-                   help="for --simulate: a step profile from `sarathi-rt profile` (.json: simulates that engine, "
-                        f"its KV cache and context limit), or a vidur mlp.csv (default: the bundled {DEFAULT_PROFILE})")
-    m.add_argument("--hardware", default=None, choices=sorted(HARDWARE),
-                   help="GPU of the simulation (default: the one the profile's file name names, else a100)")
-    m.add_argument("--num-layers", type=int, default=32, help="layers of the profiled model")
-    m.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (a profile column)")
-    m.add_argument("--pipeline-stages", type=int, default=1)
     p.add_argument("--stall-factor", type=float, default=5.0,
                    help="a TBT gap above this many median step times is a stall")
     p.add_argument("--out", default="bench_out", help="output directory")
+    s = p.add_argument_group("scheduler (engine and simulator)")
+    s.add_argument("--policy", default=None,
+                   help=f"comma-separated, of {', '.join(available_policies())} (default {policies})")
+    s.add_argument("--token-budget", type=int, help="tokens per step of the chunked policies")
+    s.add_argument("--chunk-size", type=int, help="largest prefill chunk (default: the budget)")
+    s.add_argument("--tile-size", type=int, help="GEMM tile rows to align steps to")
+    s.add_argument("--max-num-seqs", type=int)
+    s.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
+    s.add_argument("--num-blocks", type=int, help="KV cache blocks (default: sized from memory)")
+    s.add_argument("--adaptive-budget", action="store_true",
+                   help="size each sarathi step to --tbt-slo with a step-time model (the simulator's cost "
+                        "model, or one the engine learns online); --token-budget becomes the cap")
+    e = p.add_argument_group("engine (without --simulate)")
+    e.add_argument("--model", help=f"named model ({REAL_MODEL}), GGUF file, Hugging Face "
+                                    f"directory or preset (tiny, cpu-small; default {model})")
+    e.add_argument("--device", help="default cpu")
+    e.add_argument("--dtype", help="default float32")
+    e.add_argument("--threads", type=int,
+                   help="CPU threads for torch and the kernels (default 1: timings stay steady on a shared machine)")
+    e.add_argument("--tensor-parallel-size", type=int,
+                   help="worker processes per pipeline stage (under torchrun: see python -m sarathi_rt.launch)")
+    e.add_argument("--pipeline-parallel-size", type=int, help="default 1")
+    e.add_argument("--worker-timeout", type=float, help="seconds a worker may keep a step (default 300)")
+    if not simulator:
+        return
+    m = p.add_argument_group("simulator (with --simulate)")
+    m.add_argument("--simulate", action="store_true", help="use the simulator instead of the engine")
+    m.add_argument("--vidur-profile", metavar="CSV",
+                   help=f"per-operation GPU times, vidur's mlp.csv (default: the bundled {DEFAULT_PROFILE})")
+    m.add_argument("--step-profile", metavar="JSON",
+                   help="a step profile from `sarathi-rt profile`: simulates that engine, its KV cache and "
+                        "context limit")
+    m.add_argument("--profile", help=argparse.SUPPRESS)  # deprecated: one flag for both formats
+    m.add_argument("--hardware", choices=sorted(HARDWARE),
+                   help="GPU of a vidur profile (default: the one its file name names, else a100)")
+    m.add_argument("--num-layers", type=int, help="layers of the vidur-profiled model (default 32)")
+    m.add_argument("--tp", type=int, help="tensor-parallel degree (a vidur profile column; default 1)")
+    m.add_argument("--pipeline-stages", type=int, help="default 1")
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of a renamed flag: stores into the new flag's dest, with a warning
+    naming the new spelling (kept for one release)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        new = _flag(self.dest)
+        warnings.warn(f"{option_string} is deprecated: use {new}", DeprecationWarning, stacklevel=2)
+        print(f"warning: {option_string} is deprecated; use {new}")
+        setattr(namespace, self.dest, values)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _given(args: argparse.Namespace, names: Iterable[str]) -> list[str]:
+    return [_flag(n) for n in names if getattr(args, n, None) not in (None, False)]
+
+
+def resolve_flags(args: argparse.Namespace) -> str:
+    """Check the flags against the backend they select and fill in the defaults of the
+    ones it reads. Returns the backend: "engine", "simulator" or "endpoint"."""
+    backend = "endpoint" if getattr(args, "endpoint", None) else \
+        "simulator" if getattr(args, "simulate", False) else "engine"
+    if getattr(args, "profile", None) is not None:
+        new = "step_profile" if args.profile.endswith(".json") else "vidur_profile"
+        warnings.warn(f"--profile is deprecated: use {_flag(new)}", DeprecationWarning, stacklevel=2)
+        print(f"warning: --profile is deprecated; use {_flag(new)} {args.profile}")
+        if getattr(args, new) is not None:
+            raise ValueError(f"--profile and {_flag(new)} both given")
+        setattr(args, new, args.profile)
+    reads = {"engine": [SCHEDULER_FLAGS, ENGINE_FLAGS], "simulator": [SCHEDULER_FLAGS, SIMULATOR_FLAGS],
+             "endpoint": [ENDPOINT_FLAGS]}[backend]
+    unread = [flags for flags in (SCHEDULER_FLAGS, ENGINE_FLAGS, SIMULATOR_FLAGS, ENDPOINT_FLAGS)
+              if not any(flags is r for r in reads)]
+    ignored = _given(args, [n for flags in unread for n in flags]) + (_given(args, ["policy"]) if backend == "endpoint" else [])
+    if backend == "simulator" and args.step_profile is not None:
+        if args.vidur_profile is not None:
+            raise ValueError("--step-profile and --vidur-profile exclude each other")
+        ignored += _given(args, VIDUR_ONLY)
+    if ignored:
+        what = {"engine": "the engine (they need --simulate or --endpoint)",
+                "simulator": "the simulator" + (" with a --step-profile" if args.step_profile else ""),
+                "endpoint": "--endpoint (the server schedules and runs the model)"}[backend]
+        raise ValueError(f"{', '.join(ignored)} not used by {what}")
+    for flags in reads:
+        for name, default in flags.items():
+            if getattr(args, name, None) is None:
+                setattr(args, name, default)
+    if backend == "engine" and args.model is None:
+        args.model = args.default_model
+    if backend != "endpoint" and args.policy is None:
+        args.policy = args.default_policies
+    return backend
 
 
 def parse_policies(text: str) -> list[str]:
@@ -105,7 +185,7 @@ def scheduler_config(args: argparse.Namespace, policy: str, workload: Sequence[R
     return SchedulerConfig(policy=policy, token_budget=budget, chunk_size=chunk,
                            max_num_seqs=min(args.max_num_seqs, budget), block_size=args.block_size,
                            num_blocks=num_blocks, tile_size=args.tile_size,
-                           max_partial_prefills=args.pipeline_stages, tbt_slo=args.tbt_slo if adaptive else None)
+                           max_partial_prefills=getattr(args, "pipeline_stages", None) or 1, tbt_slo=args.tbt_slo if adaptive else None)
 
 
 @dataclass
@@ -115,18 +195,15 @@ class SimBackend:
     args: argparse.Namespace
 
     def __post_init__(self) -> None:
-        if self.args.tensor_parallel_size != 1 or self.args.pipeline_parallel_size != 1:
-            raise ValueError("--tensor-parallel-size and --pipeline-parallel-size run the engine; the simulator "
-                             "takes --tp and --pipeline-stages")
-        path = self.args.profile or data_path(DEFAULT_PROFILE)
         self.max_total_tokens: int | None = None
         self.cost_model: VidurCostModel | ShapeCostModel
-        if path.endswith(".json"):
-            self.cost_model = ShapeCostModel.load(path)
+        if self.args.step_profile is not None:
+            self.cost_model = ShapeCostModel.load(self.args.step_profile)
             engine = self.cost_model.profile.engine
             self.num_blocks = self.args.num_blocks or engine["num_kv_blocks"]
             self.max_total_tokens = engine.get("max_total_tokens")
             return
+        path = self.args.vidur_profile or data_path(DEFAULT_PROFILE)
         self.cost_model = VidurCostModel(path, num_layers=self.args.num_layers, tp=self.args.tp,
                                          hardware=self.args.hardware)
         self.num_blocks = self.args.num_blocks or self.cost_model.kv_cache_blocks(
@@ -155,8 +232,6 @@ class EngineBackend:
 
         import torch
 
-        if self.args.pipeline_stages != 1 or self.args.tp != 1:
-            raise ValueError("--pipeline-stages and --tp apply to --simulate only")
         if self.args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.args.threads}")
         torch.set_num_threads(self.args.threads)
@@ -208,7 +283,7 @@ class EndpointBackend:
     def __post_init__(self) -> None:
         from sarathi_rt.measure.http_replay import server_model
 
-        if self.args.simulate:
+        if getattr(self.args, "simulate", False):
             raise ValueError("--endpoint and --simulate exclude each other")
         self.endpoint = self.args.endpoint.rstrip("/")
         info = server_model(self.endpoint)
@@ -229,17 +304,19 @@ class EndpointBackend:
 def make_backend(args: argparse.Namespace) -> SimBackend | EngineBackend | EndpointBackend:
     if getattr(args, "endpoint", None):
         return EndpointBackend(args)
-    return SimBackend(args) if args.simulate else EngineBackend(args)
+    return SimBackend(args) if getattr(args, "simulate", False) else EngineBackend(args)
 
 
 def fill_defaults(args: argparse.Namespace, **by_mode: tuple[object, object]) -> None:
-    """Set each flag left at None to its (engine, simulator) default. With
-    --adaptive-budget the token budget is only a cap: 512 on the engine, 4096 simulated."""
+    """Check the flags against the backend (`resolve_flags`), then set each flag left at
+    None to its (engine, simulator) default. With --adaptive-budget the token budget is
+    only a cap: 512 on the engine, 4096 simulated."""
+    simulate = resolve_flags(args) == "simulator"
     if args.adaptive_budget:
         if args.tbt_slo is None:
             raise ValueError("--adaptive-budget needs --tbt-slo")
         if args.token_budget is None:
-            args.token_budget = 4096 if args.simulate else 512
+            args.token_budget = 4096 if simulate else 512
     for name, (engine_default, sim_default) in by_mode.items():
         if getattr(args, name) is None:
-            setattr(args, name, sim_default if args.simulate else engine_default)
+            setattr(args, name, sim_default if simulate else engine_default)

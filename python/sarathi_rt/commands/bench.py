@@ -32,9 +32,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tbt-slo", type=float, default=None,
                    help="time-between-tokens target (s): of --adaptive-budget, and of goodput")
     p.add_argument("--ttft-slo", type=float, default=None, help="time-to-first-token target (s) of goodput")
-    p.add_argument("--endpoint", default=None, metavar="URL",
+    e = p.add_argument_group("endpoint (instead of the engine)")
+    e.add_argument("--endpoint", default=None, metavar="URL",
                    help="replay against this OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1)")
-    p.add_argument("--vocab-size", type=int, default=32000,
+    e.add_argument("--vocab-size", type=int,
                    help="--endpoint: prompt token ids are drawn below this (default 32000)")
     p.set_defaults(run=run)
 

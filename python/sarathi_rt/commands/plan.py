@@ -15,6 +15,8 @@ from sarathi_rt.sim.deploy import DeploymentRequest, DeploymentSLO, plan_deploym
 from sarathi_rt.sim import HARDWARE
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, WorkloadConfig, data_path
 
+from ._serving import DeprecatedAlias
+
 DEFAULT_PROFILE = "a100_llama-3-8b_mlp.csv.gz"
 
 
@@ -25,8 +27,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tbt-slo", type=float, required=True, help="P99 time-between-tokens limit (s)")
     p.add_argument("--ttft-p50", type=float, default=None, help="P50 time-to-first-token limit (s)")
     p.add_argument("--max-sched-delay", type=float, default=2.0, help="P50 scheduling delay limit (s)")
-    p.add_argument("--profile", default=DEFAULT_PROFILE,
+    p.add_argument("--vidur-profile", metavar="CSV", default=DEFAULT_PROFILE,
                    help="vidur mlp.csv of the model: a path or a file shipped in sarathi_rt/data")
+    p.add_argument("--profile", dest="vidur_profile", action=DeprecatedAlias, help=argparse.SUPPRESS)
     p.add_argument("--num-layers", type=int, default=32, help="layers of the profiled model")
     p.add_argument("--hardware", choices=sorted(HARDWARE), default="a100")
     p.add_argument("--gpus-per-node", type=int, default=8, help="the largest tensor-parallel size")
@@ -46,9 +49,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    profile = args.profile if os.path.exists(args.profile) else data_path(args.profile)
+    profile = args.vidur_profile if os.path.exists(args.vidur_profile) else data_path(args.vidur_profile)
     if not os.path.exists(profile):
-        raise ValueError(f"--profile {args.profile!r} is neither a file nor one shipped in sarathi_rt/data")
+        raise ValueError(f"--vidur-profile {args.vidur_profile!r} is neither a file nor one shipped in "
+                         "sarathi_rt/data")
     request = DeploymentRequest(
         qps=args.qps, slo=DeploymentSLO(args.tbt_slo, args.max_sched_delay, args.ttft_p50), profile=profile,
         num_layers=args.num_layers, hardware=args.hardware, gpus_per_node=args.gpus_per_node,

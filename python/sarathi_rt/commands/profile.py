@@ -2,7 +2,7 @@
 dense grid up to max_num_seqs, prefill chunks, mixed batches, at the workload's mean
 context) and its per-step host overhead, with the same engine settings and workload
 flags as `sarathi-rt bench`; saves OUT/step_profile.json for
-`sarathi-rt bench --simulate --profile OUT/step_profile.json`."""
+`sarathi-rt bench --simulate --step-profile OUT/step_profile.json`."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +19,7 @@ from ._serving import EngineBackend, add_common_args, fill_defaults, parse_polic
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("profile", help="measure the engine's step times by batch shape",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(p, policies="sarathi,vllm")
+    add_common_args(p, policies="sarathi,vllm", simulator=False)
     p.add_argument("--qps", type=float, default=0.75, help="request rate of the host-overhead run")
     p.add_argument("--tbt-slo", type=float, default=None, help=argparse.SUPPRESS)
     # One timing of a batch on a 2-core CPU jitters ~25% (p10-p90); with 3-5 rounds the
@@ -31,8 +31,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.simulate:
-        raise ValueError("profile measures the engine; --simulate does not apply")
     fill_defaults(args, num_requests=(12, 1000), length_scale=(1 / 8, 1.0), token_budget=(32, 512),
                   max_num_seqs=(32, 128))
     policies = parse_policies(args.policy)

@@ -1,0 +1,62 @@
+"""Every flag is read by the backend the command runs, or refused naming it; renamed
+flags keep their old spelling for a release, with a warning; light commands stay
+torch-free."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sarathi_rt.cli import main
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["bench", "--simulate", "--model", "tiny"], "--model"),
+    (["bench", "--simulate", "--threads", "2", "--dtype", "bfloat16"], "--dtype, --threads"),
+    (["bench", "--simulate", "--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+    (["bench", "--hardware", "h100"], "--hardware"),
+    (["bench", "--tp", "2"], "--tp"),
+    (["bench", "--vocab-size", "100"], "--vocab-size"),
+    (["bench", "--endpoint", "http://127.0.0.1:9/v1", "--token-budget", "64"], "--token-budget"),
+    (["bench", "--endpoint", "http://127.0.0.1:9/v1", "--policy", "vllm"], "--policy"),
+    (["bench", "--simulate", "--step-profile", "p.json", "--num-layers", "40"], "--num-layers"),
+    (["capacity", "--simulate", "--tbt-slo", "0.1", "--device", "cuda"], "--device"),
+    (["capacity", "--tbt-slo", "0.1", "--pipeline-stages", "2"], "--pipeline-stages"),
+])
+def test_flag_the_backend_does_not_read_is_an_error(argv: list[str], flag: str, tmp_path) -> None:
+    with pytest.raises(ValueError, match=f"^{flag} not used by"):
+        main([*argv, "--out", str(tmp_path)])
+
+
+def test_two_profiles_exclude_each_other(tmp_path) -> None:
+    with pytest.raises(ValueError, match="--step-profile and --vidur-profile"):
+        main(["bench", "--simulate", "--step-profile", "p.json", "--vidur-profile", "m.csv", "--out", str(tmp_path)])
+
+
+def test_old_profile_flag_warns_and_maps_by_format(tmp_path, capsys) -> None:
+    with pytest.warns(DeprecationWarning, match="--vidur-profile"):
+        with pytest.raises(ValueError, match="--vidur-profile 'no_such.csv'"):
+            main(["plan", "--qps", "1", "--tbt-slo", "0.1", "--profile", "no_such.csv"])
+    # JSON means a step profile: the vidur-only flags are then refused.
+    with pytest.warns(DeprecationWarning, match="--step-profile"):
+        with pytest.raises(ValueError, match="--hardware not used by the simulator with a --step-profile"):
+            main(["bench", "--simulate", "--profile", "p.json", "--hardware", "a100", "--out", str(tmp_path)])
+    assert "--profile is deprecated" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [
+    ["--help"],
+    ["bench", "--simulate", "--num-requests", "8", "--qps", "4", "--policy", "sarathi"],
+    ["capacity", "--simulate", "--tbt-slo", "0.2", "--num-requests", "8", "--policy", "sarathi", "--max-probes", "2"],
+    pytest.param(["plan", "--qps", "0.5", "--tbt-slo", "0.2", "--num-requests", "10", "--max-gpus", "1",
+                  "--policy", "sarathi", "--token-budget", "512"], marks=pytest.mark.slow),  # ~10 s of simulation
+])
+def test_light_commands_do_not_import_torch(argv: list[str], tmp_path) -> None:
+    out = [] if argv[0] in ("--help", "plan") else ["--out", str(tmp_path)]
+    code = ("import json, sys\nfrom sarathi_rt.cli import main\n"
+            f"try:\n    main({[*argv, *out]!r})\nexcept SystemExit:\n    pass\n"
+            "print(json.dumps({m: m in sys.modules for m in ('torch', 'matplotlib')}))")
+    env_out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path)
+    assert json.loads(env_out.stdout.strip().splitlines()[-1])["torch"] is False
