@@ -22,8 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_common_args(p, policies="sarathi,vllm", simulator=False)
     p.add_argument("--qps", type=float, default=0.75, help="request rate of the host-overhead run")
     p.add_argument("--tbt-slo", type=float, default=None, help=argparse.SUPPRESS)
-    # One timing of a batch on a 2-core CPU jitters ~25% (p10-p90); with 3-5 rounds the
-    # dense-grid fit follows that noise (bench/RESULTS.md, simulator fidelity).
+    # Single timings of a batch jitter on a shared CPU; the median of enough shuffled
+    # rounds keeps the dense-grid fit from following that noise (bench/RESULTS.md,
+    # simulator fidelity, has the rounds it took).
     p.add_argument("--repeats", type=int, default=9, help="timed runs (shuffled rounds) of each batch")
     p.add_argument("--calibration-requests", type=int, default=6,
                    help="requests of the workload run for real to measure the host overhead (0: none)")

@@ -1,5 +1,7 @@
 """The serving engine: a driver (LLMEngine: scheduler, requests, outputs, metrics) that
-hands plain StepInputs to an executor of workers (model, KV cache, runner, sampler)."""
+hands plain StepInputs to an executor of workers (model, the paged KV cache of
+`kv_cache`, the runner that builds each step's context once, the sampler), in process or
+in worker processes (`distributed`)."""
 from .async_engine import AsyncLLMEngine
 from .config import EngineConfig
 from .executor import Executor, InProcessExecutor

@@ -1,4 +1,6 @@
-"""LLaMA-family models: config parsing, presets, the model, weight loading."""
+"""LLaMA-family models: config parsing (Hugging Face directories and GGUF files, read by
+`gguf_file`), presets with random weights, the model itself on `sarathi_rt.ops`, weight
+loading with its tensor-parallel layout, and models fetched by name."""
 from __future__ import annotations
 
 from pathlib import Path

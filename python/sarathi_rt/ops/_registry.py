@@ -8,9 +8,9 @@ autograd and view-tracking Python layers on every call, and its lazy import of
 torch._dynamo on a process's first call (a second or more, paid again by every worker).
 
 The public ops call torch.ops.sarathi_rt.<name>. The engine's model layers call the same
-Python kernels through KERNELS, which skips the dispatcher: its round trip costs ~10 us a
-call on the CPU, 13 calls a step on a 2-layer model (a step 0.96x as long on `tiny` with
-64 decodes, bench/RESULTS.md)."""
+Python kernels through KERNELS, which skips the dispatcher: its round trip is paid on
+every kernel call of every layer, which on the CPU is a visible share of a small model's
+step (bench/RESULTS.md, step overhead)."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -9,7 +9,7 @@ float32, and shapes the 16-byte vectorized kernels cannot take (K or N not a mul
 would not beat, except in one case that decode steps hit every time: a few rows against
 a weight too large to stay in cache (the LM head). That product is bound by reading the
 weight, which torch's GEMM does at a fraction of memory bandwidth; our kernel streams it
-once (1.2-1.9x faster on the `cpu-small` LM head for 1-16 rows).
+once (bench/RESULTS.md has the comparison).
 
 On the CPU every row's result is independent of the other rows in the call (batch
 invariance), so a token's activations, KV and logits do not depend on what else shares

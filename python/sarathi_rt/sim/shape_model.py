@@ -11,9 +11,9 @@ GEMMs survives, proportional beyond the last. The mixed batches get no grid poin
 their own: they share G with the pure ones, so they test and constrain the other terms
 instead of each fitting itself exactly. `head` is the fixed cost of running the LM head
 at all: a step that samples one row or more reads the whole [vocab, hidden] weight once
-(65 MB for cpu-small: 10-16 ms on one CPU thread), a prefill chunk that does not finish its
-prompt skips it. Without it the decode-only batches (which always sample) taught G that
-cost, and the hybrid steps of a chunk beside a few decodes came out ~10-20% short.
+(65 MB for cpu-small), a prefill chunk that does not finish its prompt skips it. Without
+it the decode-only batches (which always sample) would teach G that cost, and the hybrid
+steps of a chunk beside a few decodes would come out short.
 G's grid values, the a_* and head are fitted together, all >= 0, by least squares to
 the profile's measured steps: decodes on a dense grid at two contexts, prefill chunks
 at two contexts, and mixed steps. `host` is the engine's per-step time outside the

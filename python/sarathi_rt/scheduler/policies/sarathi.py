@@ -16,8 +16,8 @@ MIN_PREFILL_PROGRESS = 128
 # until the next decode finishes come from max_new_tokens, an upper bound (EOS and stop
 # strings end requests sooner; a server request without max_tokens may get the whole
 # model length), so an uncapped horizon would hold blocks back for growth that mostly
-# never comes. In the capacity study 64 and no cap give the same capacity in all 12
-# cells; 16 (one block's worth) loses one bisection step (3%) in four.
+# never comes. A horizon of a few blocks' worth of steps keeps the reservation honest
+# without that (bench/RESULTS.md, adaptive budget, compares the caps).
 MAX_DECODE_HEADROOM_STEPS = 64
 
 
