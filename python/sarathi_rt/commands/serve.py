@@ -22,6 +22,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-waiting", type=int, default=256,
                    help="answer 503 while this many requests wait for their first step")
+    p.add_argument("--max-request-bytes", type=int, default=4 << 20,
+                   help="answer 413 to a larger request body (default 4 MiB)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="answer 400 to a longer prompt (default: max_model_len - 1)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGINT/SIGTERM, seconds running requests get to finish before their streams are "
+                        "ended with an error event (default 30)")
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="do not share the KV blocks of common prompt prefixes")
+    p.add_argument("--docs", action="store_true", help="serve the OpenAPI schema at /docs and /openapi.json")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--policy", default="sarathi")
@@ -42,9 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-
-        from sarathi_rt.server import OpenAIServer
+        from sarathi_rt.server import DrainingServer, Limits, OpenAIServer
     except ImportError as exc:
         print(f"error: sarathi-rt serve needs FastAPI and uvicorn ({exc}); pip install 'sarathi_rt[serve]'",
               file=sys.stderr)
@@ -55,26 +63,32 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    llm = None
     try:
+        limits = Limits(max_request_bytes=args.max_request_bytes, max_prompt_tokens=args.max_prompt_tokens)
         llm = LLM(args.model, device=args.device, dtype=args.dtype, policy=args.policy,
                   token_budget=args.token_budget, chunk_size=args.chunk_size, max_num_seqs=args.max_num_seqs,
                   num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len, seed=args.seed,
                   tokenizer=args.tokenizer, tensor_parallel_size=args.tensor_parallel_size,
-                  pipeline_parallel_size=args.pipeline_parallel_size, worker_timeout=args.worker_timeout)
-        server = OpenAIServer(llm, args.served_model_name or str(args.model), max_waiting=args.max_waiting)
+                  pipeline_parallel_size=args.pipeline_parallel_size, worker_timeout=args.worker_timeout,
+                  enable_prefix_caching=args.prefix_caching)
+        server = OpenAIServer(llm, args.served_model_name or str(args.model), max_waiting=args.max_waiting,
+                              limits=limits, docs=args.docs)
+        http = DrainingServer(server, args.host, args.port, args.shutdown_timeout, args.log_level)
     except (ValueError, TypeError) as exc:
+        if llm is not None:
+            llm.shutdown()
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"sarathi-rt serve: {server.model_name} on http://{args.host}:{args.port}/v1", flush=True)
-    # uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again: _stop turns
-    # that into a normal end, so the engine's workers (on other machines too) are shut
-    # down and the command exits 0.
+    # uvicorn stops on SIGINT/SIGTERM (draining, see DrainingServer), then raises the
+    # signal again: _stop turns that into a normal end, so the engine's workers (on other
+    # machines too) are shut down and the command exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stop)
     try:
         with llm:
-            uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level,
-                        timeout_graceful_shutdown=5)
+            http.run()
     except _Stopped:
         pass
     return 0

@@ -4,28 +4,40 @@
 
 Every request owns one engine request. It is aborted, and its KV blocks freed, as soon as
 its client goes away: a closed stream, or a disconnect while a whole response is being
-generated. Bad input is answered with HTTP 400 and an OpenAI-style error body; when more
-than `max_waiting` requests already wait for their first step the server answers 503
-instead of queueing without bound."""
+generated. Bad input is answered with HTTP 400 (413 for a body over the limit) and an
+OpenAI-style error body, as is every other error; when more than `max_waiting` requests
+already wait for their first step the server answers 503 instead of queueing without
+bound. Text is tokenized (and chat templates rendered) in a worker thread, so a long
+prompt never stalls the event loop that serves every other client.
+
+`drain` ends the server's work at shutdown: new requests get 503, running ones get a
+grace period to finish, then each remaining stream ends with an error event and [DONE]
+and its request is aborted."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from sarathi_rt.engine import AsyncLLMEngine, RequestOutput
 from sarathi_rt.llm import LLM
 
-from .protocol import ChatRequest, CompletionRequest, SamplingRequest, completion_body, error_body, usage
+from .http import BodyLimit
+from .protocol import (ChatRequest, CompletionRequest, Limits, SamplingRequest, completion_body, describe,
+                       error_body, usage)
 from .stats import ServerStats
+
+log = logging.getLogger("uvicorn.error")  # uvicorn's own log, so its level and format apply
 
 
 class ApiError(Exception):
@@ -34,22 +46,40 @@ class ApiError(Exception):
         self.status, self.kind, self.param = status, kind, param
 
 
-class OpenAIServer:
-    """Serves `llm` (its engine and tokenizer) as `model_name`."""
+class ShuttingDown(Exception):
+    """Put in a request's output queue when the drain time is over."""
 
-    def __init__(self, llm: LLM, model_name: str, max_waiting: int = 256) -> None:
+
+class OpenAIServer:
+    """Serves `llm` (its engine and tokenizer) as `model_name`; `limits` bound what one
+    request may ask for; docs=True serves /docs and /openapi.json."""
+
+    def __init__(self, llm: LLM, model_name: str, max_waiting: int = 256, limits: Limits | None = None,
+                 docs: bool = False) -> None:
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
         self.llm, self.model_name, self.max_waiting = llm, model_name, max_waiting
+        self.limits = Limits() if limits is None else limits
+        room = llm.engine.max_model_len - 1  # a prompt must leave a token to generate
+        self.max_prompt_tokens = self.limits.max_prompt_tokens or room
+        if self.max_prompt_tokens > room:
+            raise ValueError(f"max_prompt_tokens must be <= {room} (max_model_len - 1), "
+                             f"got {self.max_prompt_tokens}")
         self._admitting = 0  # requests between the overload check and the engine's queue
+        self._live: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
+        self.draining = False
         self.engine = AsyncLLMEngine(llm.engine)
         self.stats = ServerStats()
         self.created = int(time.time())
-        self.app = self._build()
+        self.app = BodyLimit(self._build(docs), self.limits.max_request_bytes, self._refused_body)
+
+    def _refused_body(self) -> None:
+        self.stats.requests["bad_request"] += 1
 
     # ------------------------------------------------------------------ routes
-    def _build(self) -> FastAPI:
-        app = FastAPI(title="sarathi_rt", version="1")
+    def _build(self, docs: bool) -> FastAPI:
+        hidden: dict[str, Any] = {} if docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+        app = FastAPI(title="sarathi_rt", version="1", **hidden)
         app.state.server = self
 
         @app.exception_handler(ApiError)
@@ -61,11 +91,20 @@ class OpenAIServer:
         @app.exception_handler(RequestValidationError)
         async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
             self.stats.requests["bad_request"] += 1
-            first = exc.errors()[0] if exc.errors() else {}
-            param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-            message = "; ".join(f"{'.'.join(map(str, e.get('loc', ())[1:])) or 'body'}: {e.get('msg')}"
-                                for e in exc.errors())
-            return JSONResponse(error_body(message or "invalid request", param=param), status_code=400)
+            message, param = describe(list(exc.errors()))
+            return JSONResponse(error_body(message, param=param), status_code=400)
+
+        @app.exception_handler(HTTPException)
+        async def http_error(_: Request, exc: HTTPException) -> JSONResponse:  # 404, 405 from routing
+            self.stats.requests["bad_request"] += 1
+            kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+            return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers)
+
+        @app.exception_handler(Exception)
+        async def failed(_: Request, exc: Exception) -> JSONResponse:
+            self.stats.requests["error"] += 1
+            return JSONResponse(error_body(f"internal error ({type(exc).__name__})", "server_error"),
+                                status_code=500)
 
         @app.get("/health")
         async def health() -> dict[str, str]:
@@ -83,44 +122,99 @@ class OpenAIServer:
 
         @app.post("/v1/completions", response_model=None)
         async def completions(body: CompletionRequest, request: Request) -> Any:
-            prompt = body.prompt
-            if isinstance(prompt, str):
-                if self.llm.tokenizer is None:
-                    raise ApiError(400, "this model has no tokenizer: send the prompt as token ids", param="prompt")
-                prompt = self.llm.tokenizer.encode(prompt)
-            return await self._serve(body, list(prompt), request, chat=False)  # type: ignore[arg-type]
+            with self._admitting_one(body):
+                prompt = body.prompt
+                if isinstance(prompt, str):
+                    if self.llm.tokenizer is None:
+                        raise ApiError(400, "this model has no tokenizer: send the prompt as token ids",
+                                       param="prompt")
+                    text, tokenizer, special = prompt, self.llm.tokenizer, body.parse_special_tokens
+                    prompt = await self._tokenize(lambda: tokenizer.encode(text, parse_special=special), len(text),
+                                                  "prompt")
+                queue, request_id = await self._add(body, list(prompt), chat=False)  # type: ignore[arg-type]
+            return await self._respond(body, request_id, queue, len(prompt), request, chat=False)
 
         @app.post("/v1/chat/completions", response_model=None)
         async def chat(body: ChatRequest, request: Request) -> Any:
-            if self.llm.tokenizer is None or self.llm.tokenizer.chat_template is None:
+            tokenizer = self.llm.tokenizer
+            if tokenizer is None or tokenizer.chat_template is None:
                 raise ApiError(400, "this model has no chat template", param="messages")
-            try:
-                prompt = self.llm.tokenizer.apply_chat_template(body.conversation(), add_generation_prompt=True)
-            except ValueError as exc:
-                raise ApiError(400, str(exc), param="messages") from None
-            return await self._serve(body, prompt, request, chat=True)  # type: ignore[arg-type]
+            if len(body.messages) > self.limits.max_messages:
+                raise ApiError(400, f"{len(body.messages)} messages; this server takes at most "
+                                    f"{self.limits.max_messages}", param="messages")
+            with self._admitting_one(body):
+                try:
+                    conversation = body.conversation()
+                except ValueError as exc:
+                    raise ApiError(400, str(exc), param="messages") from None
+                chars = sum(len(m["content"]) for m in conversation)
+                prompt = await self._tokenize(lambda: tokenizer.apply_chat_template(conversation), chars, "messages")
+                queue, request_id = await self._add(body, prompt, chat=True)
+            return await self._respond(body, request_id, queue, len(prompt), request, chat=True)
 
         return app
 
     # ------------------------------------------------------------------ requests
-    async def _serve(self, body: SamplingRequest, prompt: list[int], request: Request, chat: bool) -> Any:
+    @contextlib.contextmanager
+    def _admitting_one(self, body: SamplingRequest) -> Any:
+        """Refuse what can be refused before any work; count the request as waiting
+        while its prompt is tokenized and it waits for the engine (a burst would all pass
+        the overload check at once otherwise)."""
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", kind="server_shutting_down")
         if body.model is not None and body.model != self.model_name:
             raise ApiError(404, f"model {body.model!r} does not exist; this server serves {self.model_name!r}",
                            kind="model_not_found", param="model")
-        # Requests still on their way into the engine (waiting for the step in progress to
-        # release it) count as waiting too, or a burst would all pass this check at once.
+        stops = body.stops
+        if len(stops) > self.limits.max_stop:
+            raise ApiError(400, f"{len(stops)} stop strings; at most {self.limits.max_stop}", param="stop")
+        if any(len(stop) > self.limits.max_stop_chars for stop in stops):
+            raise ApiError(400, f"stop strings must have at most {self.limits.max_stop_chars} characters",
+                           param="stop")
         if self.llm.engine.scheduler.num_waiting + self._admitting >= self.max_waiting:
             raise ApiError(503, f"the server is overloaded ({self.max_waiting} requests waiting); retry later",
                            kind="server_overloaded")
-        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self._admitting += 1
+        try:
+            yield
+        finally:
+            self._admitting -= 1
+
+    async def _tokenize(self, encode: Callable[[], list[int]], chars: int, param: str) -> list[int]:
+        """`encode()` in a worker thread, refused before it runs when `chars` of text
+        must be more tokens than a prompt may have."""
+        tokenizer = self.llm.tokenizer
+        assert tokenizer is not None
+        if chars > self.max_prompt_tokens * tokenizer.max_token_chars:
+            raise ApiError(400, f"the prompt is {chars} characters, more than {self.max_prompt_tokens} tokens "
+                                "(the most a prompt may have) can spell", param=param)
+        try:
+            ids = await asyncio.to_thread(encode)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, str(exc), param=param) from None
+        self._check_length(len(ids))
+        return ids
+
+    def _check_length(self, num_tokens: int) -> None:
+        if num_tokens > self.max_prompt_tokens:
+            raise ApiError(400, f"the prompt has {num_tokens} tokens; this server takes at most "
+                                f"{self.max_prompt_tokens}", param="prompt")
+
+    async def _add(self, body: SamplingRequest, prompt: list[int], chat: bool
+                   ) -> tuple[asyncio.Queue[RequestOutput | Exception], str]:
+        self._check_length(len(prompt))
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:
             params = body.sampling_params(max(1, self.llm.engine.max_model_len - len(prompt)))
             queue = await self.engine.add_request(request_id, prompt, params)
         except (ValueError, TypeError) as exc:
             raise ApiError(400, str(exc)) from None
-        finally:
-            self._admitting -= 1
+        self._live[request_id] = queue
+        return queue, request_id
+
+    async def _respond(self, body: SamplingRequest, request_id: str,
+                       queue: asyncio.Queue[RequestOutput | Exception], num_prompt_tokens: int, request: Request,
+                       chat: bool) -> Any:
         outputs = self._outputs(request_id, queue)
         if body.stream:
             return StreamingResponse(self._events(request_id, outputs, chat, body.include_usage),
@@ -130,13 +224,37 @@ class OpenAIServer:
             last = None
             async for last in outputs:
                 pass
+        except ShuttingDown:
+            raise ApiError(503, "the server is shutting down", kind="server_shutting_down") from None
         finally:
             watcher.cancel()
         assert last is not None
         if last.finish_reason == "abort":
             raise ApiError(499, "the request was aborted", kind="aborted")
-        response = completion_body(request_id, self.model_name, chat, last.text, last.finish_reason, stream=False)
-        return response | {"usage": usage(len(prompt), len(last.token_ids))}
+        response = completion_body(request_id, self.model_name, chat, last.text, last.finish_reason, stream=False,
+                                   token_ids=self._ids_without_text(last.token_ids))
+        return response | {"usage": usage(num_prompt_tokens, len(last.token_ids))}
+
+    def _ids_without_text(self, ids: Any) -> list[int] | None:
+        return list(ids) if self.llm.tokenizer is None else None
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new requests (503), give running ones `timeout` seconds to finish, then
+        end the rest: a stream with an error event and [DONE], a whole response with a
+        503; their requests are aborted and their KV blocks freed."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        running = len(self._live)
+        while self._live and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        cut = len(self._live)
+        for queue in self._live.values():
+            queue.put_nowait(ShuttingDown("the server is shutting down"))
+        while self.llm.engine.has_unfinished() and loop.time() < deadline + 5:  # the aborts, a step away
+            await asyncio.sleep(0.02)
+        log.info("sarathi-rt serve: drained %d running requests: %d finished, %d cut after %gs",
+                 running, running - cut, cut, timeout)
 
     async def _outputs(self, request_id: str, queue: asyncio.Queue[RequestOutput | Exception]
                        ) -> AsyncIterator[RequestOutput]:
@@ -151,6 +269,7 @@ class OpenAIServer:
                         self.stats.finished(out.finish_reason or "abort", out.metrics)
                     yield out
         finally:
+            self._live.pop(request_id, None)
             if not finished:
                 self.stats.requests["abort"] += 1
 
@@ -162,9 +281,12 @@ class OpenAIServer:
         try:
             async for out in outputs:
                 chunk = completion_body(request_id, self.model_name, chat, out.new_text,
-                                        out.finish_reason, stream=True, role=chat and last is None)
+                                        out.finish_reason, stream=True, role=chat and last is None,
+                                        token_ids=self._ids_without_text(out.new_token_ids))
                 last = out
                 yield f"data: {json.dumps(chunk)}\n\n"
+        except ShuttingDown as exc:
+            yield f"data: {json.dumps(error_body(str(exc), 'server_shutting_down'))}\n\n"
         except Exception as exc:  # the engine failed: tell the client, then end the stream
             self.stats.requests["error"] += 1
             yield f"data: {json.dumps(error_body(str(exc), 'server_error'))}\n\n"

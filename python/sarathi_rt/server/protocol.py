@@ -1,24 +1,66 @@
 """The OpenAI request bodies the server accepts, checked by pydantic, and the response
-bodies it writes. Fields the engine cannot honour are refused rather than ignored."""
+bodies it writes. Fields are strictly typed ("5", 5.0 and true are not a max_tokens) and
+closed: an unknown field, or one of OpenAI's or vLLM's this engine does not implement, is
+refused rather than ignored."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sarathi_rt.sampling import SamplingParams
 
+# Fields of OpenAI's API (or vLLM's extensions) that would change what is generated or
+# returned, which this engine cannot honour yet: a 400 names them instead of a 200 that
+# quietly ignores them.
+UNSUPPORTED = frozenset({
+    "suffix", "top_logprobs", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+    "response_format", "audio", "modalities", "prediction", "reasoning_effort", "verbosity", "service_tier",
+    "store", "metadata", "web_search_options", "repetition_penalty", "min_tokens", "min_p", "stop_token_ids",
+    "bad_words", "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens", "chat_template",
+    "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "use_beam_search",
+    "length_penalty", "truncate_prompt_tokens", "prompt_logprobs", "guided_json", "guided_regex",
+    "guided_choice", "guided_grammar", "structural_tag", "name", "tool_calls", "tool_call_id", "refusal"})
 
-class StreamOptions(BaseModel):
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the server, so that no client slows the others
+    without bound. max_request_bytes: the body (larger: 413, before it is read).
+    max_prompt_tokens: a prompt's tokens (None: what max_model_len leaves room for); a
+    text longer than this many of the tokenizer's longest tokens is refused before it is
+    tokenized. max_stop: stop strings (OpenAI's limit), of at most max_stop_chars
+    characters each. max_messages: messages in a chat."""
+
+    max_request_bytes: int = 4 << 20
+    max_prompt_tokens: Optional[int] = None
+    max_stop: int = 4
+    max_stop_chars: int = 256
+    max_messages: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("max_request_bytes", "max_prompt_tokens", "max_stop", "max_stop_chars", "max_messages"):
+            value = getattr(self, name)
+            if value is None and name == "max_prompt_tokens":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class SamplingRequest(BaseModel):
+class SamplingRequest(Strict):
     """What /v1/completions and /v1/chat/completions share. ignore_eos and top_k are not
-    OpenAI's (vLLM has them too); benchmarks need ignore_eos for fixed output lengths."""
-
-    model_config = ConfigDict(extra="allow")
+    OpenAI's (vLLM has them too); benchmarks need ignore_eos for fixed output lengths.
+    `user` is accepted because it never changes the output."""
 
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(default=None, ge=1)
@@ -35,6 +77,7 @@ class SamplingRequest(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
 
     @model_validator(mode="after")
     def _supported(self) -> SamplingRequest:
@@ -46,8 +89,12 @@ class SamplingRequest(BaseModel):
             raise ValueError("stream_options needs stream=true")
         return self
 
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else self.stop or []
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        stop = self.stops
         return SamplingParams(max_tokens=self.max_tokens or max_tokens, temperature=self.temperature,
                               top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=tuple(stop),
                               ignore_eos=self.ignore_eos)
@@ -63,6 +110,9 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     logprobs: Optional[int] = None
     best_of: Optional[int] = None
+    # Off by default: "<|im_end|>" in a prompt is text, so a client of a chat model cannot
+    # forge turns through /v1/completions unless it asks to write control tokens.
+    parse_special_tokens: bool = False
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
@@ -77,7 +127,7 @@ class CompletionRequest(SamplingRequest):
         return self
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Union[str, list[dict[str, Any]]]
 
@@ -85,9 +135,9 @@ class ChatMessage(BaseModel):
         """String content, or the text parts of a content list (no images or audio)."""
         if isinstance(self.content, str):
             return self.content
-        if any(part.get("type") != "text" for part in self.content):
-            raise ValueError("only text content parts are supported")
-        return "".join(str(part.get("text", "")) for part in self.content)
+        if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in self.content):
+            raise ValueError("only text content parts ({'type': 'text', 'text': str}) are supported")
+        return "".join(part["text"] for part in self.content)
 
 
 class ChatRequest(SamplingRequest):
@@ -106,6 +156,27 @@ class ChatRequest(SamplingRequest):
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
+def describe(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """A RequestValidationError's errors -> (message, param) for an OpenAI error body;
+    param is the top-level field of the first error (a JSON error's location is a byte
+    offset, not a field, so it has none)."""
+    lines, params = [], []
+    for e in errors[:3]:
+        loc = [str(p) for p in e.get("loc", ())]
+        loc = loc[1:] if loc[:1] == ["body"] else loc
+        field = ".".join(loc) or None
+        if e.get("type") == "json_invalid":
+            lines.append(f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
+            field = None
+        elif e.get("type") == "extra_forbidden":
+            supported = loc[-1] not in UNSUPPORTED
+            lines.append(f"{field}: unknown field" if supported else f"{field} is not supported by this server")
+        else:
+            lines.append(f"{field or 'body'}: {e.get('msg')}")
+        params.append(loc[0] if field else None)
+    return "; ".join(lines) or "invalid request", params[0] if params else None
+
+
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
@@ -116,9 +187,12 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion_body(request_id: str, model: str, chat: bool, text: str | None, finish_reason: str | None,
-                    stream: bool, role: bool = False) -> dict[str, Any]:
-    """One response (stream=False) or chunk of a stream, with a single choice."""
+                    stream: bool, role: bool = False, token_ids: list[int] | None = None) -> dict[str, Any]:
+    """One response (stream=False) or chunk of a stream, with a single choice; token_ids
+    (vLLM's name) carry the output of a model without a tokenizer, which has no text."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     if not chat:
         choice.update(text=text or "", logprobs=None)
         kind = "text_completion"

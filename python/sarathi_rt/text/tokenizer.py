@@ -145,6 +145,13 @@ class Tokenizer:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
     @cached_property
+    def max_token_chars(self) -> int:
+        """No token stands for more characters of text than this (a vocabulary entry
+        spells at least one character per character it covers), so a text longer than
+        n times it has more than n tokens: a bound known before tokenizing."""
+        return max(map(len, self._backend.get_vocab(with_added_tokens=True)))
+
+    @cached_property
     def special_token_ids(self) -> frozenset[int]:
         return frozenset(i for i, t in self._backend.get_added_tokens_decoder().items() if t.special)
 
