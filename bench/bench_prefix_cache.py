@@ -19,13 +19,14 @@ from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve
 from sarathi_rt.sim.capacity import SLO, find_capacity
 from sarathi_rt.measure.metrics import summarize
 from sarathi_rt.measure.replay import warm_up
+from sarathi_rt.models import resolve_config
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim import VidurCostModel, simulate
 from sarathi_rt.workloads import data_path, multi_turn_workload, system_prompt_workload
 
 
 def run_engine(on: bool, workload, args) -> dict:
-    llm = LLM("cpu-small", token_budget=args.token_budget, max_num_seqs=len(workload), num_kv_blocks=args.kv_blocks,
+    llm = LLM(args.model, token_budget=args.token_budget, max_num_seqs=len(workload), num_kv_blocks=args.kv_blocks,
               enable_prefix_caching=on)
     engine = llm.engine
     warm_up(engine)
@@ -49,9 +50,9 @@ def run_engine(on: bool, workload, args) -> dict:
 def engine_part(args) -> None:
     wl = system_prompt_workload(args.num_requests, 1.0, num_system_prompts=args.system_prompts,
                                 system_len=args.system_len, user_range=(32, 64), decode_range=(16, 16),
-                                seed=args.seed)
+                                vocab_size=resolve_config(args.model)[0].vocab_size, seed=args.seed)
     shared = min(args.system_len / r.num_prompt_tokens for r in wl)
-    print(f"engine, cpu-small on the CPU: {len(wl)} requests at once, {args.system_prompts} system prompts of "
+    print(f"engine, {args.model} on the CPU: {len(wl)} requests at once, {args.system_prompts} system prompts of "
           f"{args.system_len} tokens (>= {shared:.0%} of each prompt), 16 output tokens each")
     res = {on: run_engine(on, wl, args) for on in (False, True)}
     off, on = res[False], res[True]
@@ -85,7 +86,7 @@ def sim_part(args) -> None:
                                      user_range=(64, 256), decode_range=(64, 256), think_time=5.0, seed=args.seed)
             return simulate(wl, cfg, cost).summary()
 
-        caps[on] = find_capacity(run, slo, policy="sarathi", qps_start=0.5, rel_tol=0.02)
+        caps[on] = find_capacity(run, slo, policy="sarathi", qps_start=0.5, rel_tol=0.02, max_probes=args.max_probes)
         s = run(caps[on].max_qps)
         print(f"  cache {'on ' if on else 'off'}: capacity {caps[on].max_qps:.3f} conversations/s "
               f"({caps[on].max_qps * args.turns:.2f} requests/s); there P99 TBT {s.tbt.p99 * 1e3:.1f} ms, "
@@ -95,6 +96,7 @@ def sim_part(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="cpu-small", help="the engine part's model (a preset, file or directory)")
     p.add_argument("--num-requests", type=int, default=24)
     p.add_argument("--system-prompts", type=int, default=2)
     p.add_argument("--system-len", type=int, default=448)
@@ -102,10 +104,15 @@ def main() -> None:
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--conversations", type=int, default=200)
     p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--max-probes", type=int, default=30, help="simulations per capacity search")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-engine", action="store_true")
     p.add_argument("--skip-sim", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = p.parse_args()
+    if args.smoke:
+        args.model, args.num_requests, args.system_len = "tiny", 4, 64
+        args.conversations, args.turns, args.max_probes = 20, 2, 4
     if not args.skip_engine:
         engine_part(args)
     if not args.skip_sim:

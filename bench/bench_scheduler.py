@@ -58,7 +58,10 @@ def main() -> None:
     ap.add_argument("--policy", choices=available_policies() + ["all"], default="all")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = ap.parse_args()
+    if args.smoke:
+        args.steps, args.warmup = 10, 2
     policies = available_policies() if args.policy == "all" else [args.policy]
     print(f"schedule()+update(), 256 running decodes + 1000 waiting, {args.steps} steps "
           f"after {args.warmup} warm-up; target {TARGET_MS:.1f} ms/step")

@@ -38,7 +38,10 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=10000)
     p.add_argument("--qps", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = p.parse_args()
+    if args.smoke:
+        args.num_requests, args.repeats = 100, 1
     cost = VidurCostModel(data_path("a100_llama-2-7b_mlp.csv.gz"))
     workload = make_workload(WorkloadConfig(num_requests=args.num_requests, qps=args.qps, seed=0))
     tokens = sum(r.num_prompt_tokens + r.num_decode_tokens for r in workload)

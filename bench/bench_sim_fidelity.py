@@ -74,21 +74,26 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3, help="real runs per policy and workload")
     p.add_argument("--repeats", type=int, default=9, help="timed repeats (shuffled rounds) of each profiled batch")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", default="cpu-small", help="the engine's model (smoke: the tiny preset)")
     p.add_argument("--out", default="bench_out/sim_fidelity")
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = p.parse_args()
+    if args.smoke:
+        args.workloads, args.policies, args.runs, args.repeats, args.model = "3@2", "sarathi", 1, 1, "tiny"
     os.makedirs(args.out, exist_ok=True)
     report = {}
     for spec in args.workloads.split(","):
         n, qps = spec.split("@")
-        common = ["--num-requests", n, "--threads", str(args.threads), "--policy", args.policies]
+        common = ["--num-requests", n, "--policy", args.policies]
+        engine = [*common, "--threads", str(args.threads), "--model", args.model]
         t0 = time.perf_counter()
         prof_dir = os.path.join(args.out, f"profile_{n}at{qps}")
         from sarathi_rt.cli import main as cli
 
-        cli(["profile", *common, "--qps", qps, "--repeats", str(args.repeats), "--out", prof_dir])
+        cli(["profile", *engine, "--qps", qps, "--repeats", str(args.repeats), "--out", prof_dir])
         profile = os.path.join(prof_dir, "step_profile.json")
-        eng = EngineBackend(serving_args(common))
-        sim = SimBackend(serving_args([*common, "--simulate", "--profile", profile, "--length-scale", "0.125",
+        eng = EngineBackend(serving_args(engine))
+        sim = SimBackend(serving_args([*common, "--simulate", "--step-profile", profile, "--length-scale", "0.125",
                                        "--token-budget", "32", "--max-num-seqs", "32"]))
         workload = make_workload(_workload(eng.args, float(qps), eng.max_total_tokens))
         assert workload == make_workload(_workload(sim.args, float(qps), sim.max_total_tokens))

@@ -24,14 +24,15 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, n
                     rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
 
 
-def make_checkpoint(path: Path) -> None:
-    """config.json + model.safetensors of the SmolLM2-135M shape, random float32 weights."""
+def make_checkpoint(path: Path, tiny: bool = False) -> None:
+    """config.json + model.safetensors of the SmolLM2-135M shape (or the `tiny` preset's),
+    random float32 weights."""
     import torch
     from safetensors.torch import save_file
 
-    from sarathi_rt.models import ModelConfig, hf_tensor_shapes
+    from sarathi_rt.models import ModelConfig, get_preset, hf_tensor_shapes
 
-    config = ModelConfig(**SMOLLM2_135M)
+    config = get_preset("tiny") if tiny else ModelConfig(**SMOLLM2_135M)
     gen = torch.Generator().manual_seed(0)
     tensors = {name: torch.randn(shape, generator=gen) * 0.02 for name, shape in hf_tensor_shapes(config)}
     path.mkdir(parents=True, exist_ok=True)
@@ -63,16 +64,22 @@ def main() -> None:
     ap.add_argument("--model", help="a model directory (default: a generated SmolLM2-135M-shaped one)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny, seconds-long run of the same code path (the quick test lane runs it): "
+                         "a checkpoint of the tiny preset's shape, one process")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(measure(args.model)))
         return
+    if args.smoke:
+        args.repeats = 1
     model = args.model
     if model is None:
-        model = str(Path(tempfile.gettempdir()) / "sarathi_rt_startup_ckpt")
+        model = str(Path(tempfile.gettempdir()) / ("sarathi_rt_startup_ckpt" + ("_tiny" if args.smoke else "")))
         if not (Path(model) / "model.safetensors").is_file():
             subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-                            f"import bench_startup, pathlib; bench_startup.make_checkpoint(pathlib.Path({model!r}))"],
+                            f"import bench_startup, pathlib; "
+                            f"bench_startup.make_checkpoint(pathlib.Path({model!r}), tiny={args.smoke})"],
                            check=True)
     size = sum(f.stat().st_size for f in Path(model).glob("*.safetensors")) / 2**20
     runs = []

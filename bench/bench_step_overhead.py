@@ -107,7 +107,10 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="another checkout's python/ directory to compare with")
     ap.add_argument("--pairs", type=int, default=5, help="with --baseline: pairs of processes")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = ap.parse_args()
+    if args.smoke:
+        args.decodes, args.steps, args.repeats, args.pairs = 8, 10, 1, 1
     if args.baseline is not None:
         if not os.path.isdir(os.path.join(args.baseline, "sarathi_rt")):
             raise SystemExit(f"--baseline must be a directory holding the sarathi_rt package, got {args.baseline!r}")

@@ -1,0 +1,81 @@
+"""Every script in bench/ runs in smoke mode (`--smoke`: a tiny, seconds-long run of the
+same code path), so a benchmark that breaks fails the quick lane instead of rotting
+until someone next measures with it.
+
+A new bench is found by name and must take --smoke (or be listed in NOT_BENCHES with
+the reason). GPU-only benches say they skipped, or run their code on the CPU. Each run
+is a fresh process in an empty directory (what a bench writes lands there) with an empty
+model cache (a smoke run never downloads: the GGUF bench skips); two run at a time, as
+the CI machine has two cores."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+NOT_BENCHES = {"device_summary.py": "formats the table of device_check.sh's JSON lines; measures nothing"}
+# What each smoke run must print: its result line, so a bench that exits 0 having
+# measured nothing still fails. A bench not listed must print something.
+EXPECT = {
+    "bench_adaptive_budget.py": r"worst cell:",
+    "bench_adaptive_budget_engine.py": r"adaptive step-time forecasts",
+    "bench_attention.py": r"mixed speedup .*x",
+    "bench_attention_gpu.py": r"load efficiency",
+    "bench_e2e_cpu.py": r"ratio: .*x",
+    "bench_gemm_gpu.py": r"skipped, no CUDA device|M >= 256: median ratio",
+    "bench_gguf_load.py": r"skipped, .* not in the cache",
+    "bench_import.py": r"sarathi_rt\.LLM +\d",
+    "bench_linear_staircase.py": r"token budget for a .* TBT target",
+    "bench_pipeline.py": r"PP=4 median bubble sarathi / vllm",
+    "bench_pipeline_capacity.py": r"PP=4 sarathi vs vllm",
+    "bench_prefix_cache.py": r"identical: True(.|\n)*capacity .*x with the cache",
+    "bench_scheduler.py": r"median/target",
+    "bench_sim.py": r"simulator / scheduler = ",
+    "bench_sim_fidelity.py": r"in target at the probed speed",
+    "bench_startup.py": r"ready in .* s",
+    "bench_step_overhead.py": r"ms/step wall",
+}
+TIMEOUT_S = 180
+Run = subprocess.CompletedProcess[str]
+BENCHES = sorted(p.name for p in BENCH.glob("*.py") if p.name not in NOT_BENCHES)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[Run]]]:
+    """Starts every bench's smoke run at once (two at a time); each test waits for its own."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+           "SARATHI_RT_CACHE": str(tmp_path_factory.mktemp("model_cache"))}
+
+    def run(name: str) -> Run:
+        cwd = tmp_path_factory.mktemp(name.removesuffix(".py"))
+        try:
+            return subprocess.run([sys.executable, str(BENCH / name), "--smoke"], cwd=cwd, env=env,
+                                  capture_output=True, text=True, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            return subprocess.CompletedProcess(e.cmd, -1, "", f"timed out after {TIMEOUT_S} s")
+
+    pool = ThreadPoolExecutor(max_workers=2)
+    yield {name: pool.submit(run, name) for name in BENCHES}
+    pool.shutdown(cancel_futures=True)
+
+
+def test_every_bench_takes_smoke() -> None:
+    missing = [name for name in BENCHES if "--smoke" not in (BENCH / name).read_text()]
+    assert not missing, f"these bench scripts take no --smoke (add one, or list them in NOT_BENCHES): {missing}"
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_bench_smoke(name: str, smoke_runs: dict[str, Future[Run]]) -> None:
+    res = smoke_runs[name].result()
+    log = f"--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
+    assert res.returncode == 0, f"{name} --smoke exited {res.returncode}\n{log}"
+    assert res.stdout.strip(), f"{name} --smoke printed nothing\n{log}"
+    if name in EXPECT:
+        assert re.search(EXPECT[name], res.stdout), f"{name} --smoke did not print /{EXPECT[name]}/\n{log}"
