@@ -86,6 +86,11 @@ def test_capacity_command_on_the_simulator(tmp_path) -> None:
                  "--num-requests", "40", "--max-probes", "6", "--out", str(out)]) == 0
     caps = json.loads((out / "capacity.json").read_text())
     assert set(caps) == {"sarathi", "vllm"} and all(v > 0 for v in caps.values())
-    assert (out / "capacity.png").stat().st_size > 0 and (out / "step_time.png").stat().st_size > 0
+    assert (out / "capacity.png").stat().st_size > 0
+    # The default rule sizes each step to the SLO; the old static rule profiles T(n) first.
+    assert json.loads((out / "capacity_probes.json").read_text())["token_budget"] == 4096
+    assert main(["capacity", "--simulate", "--policy", "sarathi", "--tbt-slo", "0.1", "--trace", str(trace),
+                 "--num-requests", "40", "--max-probes", "3", "--budget-rule", "slo-static", "--out", str(out)]) == 0
+    assert (out / "step_time.png").stat().st_size > 0
     with pytest.raises(ValueError, match="--policy"):
         main(["capacity", "--simulate", "--policy", "fifo", "--tbt-slo", "0.1", "--out", str(out)])

@@ -60,3 +60,17 @@ def test_light_commands_do_not_import_torch(argv: list[str], tmp_path) -> None:
             "print(json.dumps({m: m in sys.modules for m in ('torch', 'matplotlib')}))")
     env_out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path)
     assert json.loads(env_out.stdout.strip().splitlines()[-1])["torch"] is False
+
+
+def test_default_budget_rule_with_a_tbt_slo(tmp_path, capsys) -> None:
+    common = ["bench", "--simulate", "--policy", "sarathi", "--num-requests", "8", "--qps", "4", "--out", str(tmp_path)]
+    assert main([*common, "--tbt-slo", "0.2"]) == 0
+    assert "each step sized to the 200 ms SLO, at most 4096 tokens" in capsys.readouterr().out
+    assert main([*common, "--tbt-slo", "0.2", "--budget-rule", "slo-static"]) == 0
+    assert "token budget from the 200 ms SLO" in capsys.readouterr().out
+    assert main([*common, "--tbt-slo", "0.2", "--token-budget", "256"]) == 0  # an explicit budget stays static
+    assert "token budget 256" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--budget-rule applies only"):
+        main([*common, "--budget-rule", "adaptive"])
+    with pytest.raises(ValueError, match="--budget-tile not used"):
+        main([*common, "--tbt-slo", "0.2", "--budget-tile", "64"])

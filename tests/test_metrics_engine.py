@@ -74,6 +74,7 @@ def test_bench_on_the_engine(tmp_path) -> None:
 def test_capacity_on_the_engine_with_slo_budget(tmp_path) -> None:
     out = tmp_path / "c"
     assert main(["capacity", "--model", "tiny", "--num-requests", "4", "--max-probes", "2", "--tbt-slo", "5",
+                 "--budget-rule", "slo-static",
                  "--qps-start", "8", "--max-num-seqs", "8", "--num-blocks", "256", "--budget-tile", "16",
                  "--threads", str(torch.get_num_threads()), "--out", str(out)]) == 0
     probes = json.loads((out / "capacity_probes.json").read_text())

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Iterable, Sequence
 
 from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics
+from sarathi_rt.measure.step_timing import measure_step_curve
 from sarathi_rt.scheduler import SchedulerConfig, available_policies, get_policy
 from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
+from sarathi_rt.sim.budget import ENGINE_ADAPTIVE_CAP, SIMULATOR_ADAPTIVE_CAP, choose_token_budget, loaded_curve
 from sarathi_rt.sim.shape_model import ShapeCostModel
-from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, data_path
+from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, data_path, make_workload
 
 DEFAULT_PROFILE = "a100_llama-2-7b_mlp.csv.gz"
 REAL_MODEL = "smollm2-135m-instruct"
@@ -34,11 +37,13 @@ def optional_plots() -> ModuleType | None:
 # runs. A flag is None (False for switches) until given, so a flag the chosen backend
 # would ignore is an error naming it, never silently dropped.
 SCHEDULER_FLAGS = {"token_budget": None, "chunk_size": None, "tile_size": None, "max_num_seqs": None,
-                   "block_size": 16, "num_blocks": None, "adaptive_budget": False}
+                   "block_size": 16, "num_blocks": None, "adaptive_budget": False, "budget_rule": None,
+                   "budget_tile": None}
 ENGINE_FLAGS = {"model": None, "device": "cpu", "dtype": "float32", "threads": 1, "tensor_parallel_size": 1,
                 "pipeline_parallel_size": 1, "worker_timeout": 300.0}
 SIMULATOR_FLAGS = {"vidur_profile": None, "step_profile": None, "hardware": None, "num_layers": 32, "tp": 1,
                    "pipeline_stages": 1}
+BUDGET_RULES = ("adaptive", "slo-static")
 VIDUR_ONLY = ("hardware", "num_layers", "tp")  # a step profile fixes the engine it measured
 ENDPOINT_FLAGS = {"vocab_size": 32000}
 
@@ -71,6 +76,12 @@ def add_common_args(p: argparse.ArgumentParser, policies: str, model: str = "cpu
     s.add_argument("--adaptive-budget", action="store_true",
                    help="size each sarathi step to --tbt-slo with a step-time model (the simulator's cost "
                         "model, or one the engine learns online); --token-budget becomes the cap")
+    s.add_argument("--budget-rule", choices=BUDGET_RULES,
+                   help="with --tbt-slo and no --token-budget: adaptive (the default: --adaptive-budget with "
+                        f"a cap of {SIMULATOR_ADAPTIVE_CAP} simulated, {ENGINE_ADAPTIVE_CAP} on the engine) or "
+                        "slo-static (one budget, the largest tile-aligned step measured or modelled within "
+                        "the SLO)")
+    s.add_argument("--budget-tile", type=int, help="tile the slo-static budget is a multiple of (default 128)")
     e = p.add_argument_group("engine (without --simulate)")
     e.add_argument("--model", help=f"named model ({REAL_MODEL}), GGUF file, Hugging Face "
                                     f"directory or preset (tiny, cpu-small; default {model})")
@@ -311,12 +322,60 @@ def fill_defaults(args: argparse.Namespace, **by_mode: tuple[object, object]) ->
     """Check the flags against the backend (`resolve_flags`), then set each flag left at
     None to its (engine, simulator) default. With --adaptive-budget the token budget is
     only a cap: 512 on the engine, 4096 simulated."""
-    simulate = resolve_flags(args) == "simulator"
+    backend = resolve_flags(args)
+    simulate = backend == "simulator"
+    if backend != "endpoint":
+        _choose_budget_rule(args)
+        if args.budget_rule == "slo-static":
+            by_mode.pop("token_budget", None)  # derived from the SLO once the backend is up
     if args.adaptive_budget:
         if args.tbt_slo is None:
             raise ValueError("--adaptive-budget needs --tbt-slo")
         if args.token_budget is None:
-            args.token_budget = 4096 if simulate else 512
+            args.token_budget = SIMULATOR_ADAPTIVE_CAP if simulate else ENGINE_ADAPTIVE_CAP
     for name, (engine_default, sim_default) in by_mode.items():
         if getattr(args, name) is None:
             setattr(args, name, sim_default if simulate else engine_default)
+
+
+def _choose_budget_rule(args: argparse.Namespace) -> None:
+    """The default budget rule (sarathi_rt.sim.budget): with a TBT SLO and no token
+    budget, the adaptive budget unless --budget-rule says slo-static."""
+    tbt_slo = getattr(args, "tbt_slo", None)
+    chosen = tbt_slo is not None and args.token_budget is None and not args.adaptive_budget
+    if args.budget_rule is not None and not chosen:
+        raise ValueError("--budget-rule applies only with --tbt-slo and neither --token-budget nor "
+                         "--adaptive-budget")
+    if chosen:
+        args.budget_rule = args.budget_rule or "adaptive"
+        args.adaptive_budget = args.budget_rule == "adaptive"
+    if args.budget_tile is not None and args.budget_rule != "slo-static":
+        raise ValueError("--budget-tile not used: it sizes the --budget-rule slo-static budget")
+    args.budget_tile = args.budget_tile or 128
+
+
+def slo_derived_budget(args: argparse.Namespace, backend: SimBackend | EngineBackend) -> int:
+    """The --budget-rule slo-static budget: T(n) for a loaded hybrid batch of 32 decodes
+    (fewer if max_num_seqs is lower) over contexts of the workload's mean request length,
+    or less when the KV cache cannot hold that many; the largest tile-aligned n within
+    the SLO."""
+    tile = args.budget_tile
+    num_decodes = min(32, args.max_num_seqs)
+    workload = make_workload(workload_config(args, 1.0, backend.max_total_tokens))
+    if isinstance(backend, SimBackend):
+        profile = loaded_curve(backend.cost_model, workload, backend.num_blocks, args.block_size,
+                               num_decodes=num_decodes)
+    else:
+        args.token_budget = tile * 8  # the profiling engine must fit the largest batch
+        engine = backend.engine("sarathi", workload)
+        cache_tokens = engine.executor.num_kv_blocks * args.block_size
+        mean_len = sum(r.num_prompt_tokens + r.num_decode_tokens for r in workload) // len(workload)
+        profile = measure_step_curve(engine, [tile * k for k in range(1, 9)], num_decodes=num_decodes,
+                                     context_len=max(1, min(mean_len, cache_tokens // num_decodes - tile)))
+    choice = choose_token_budget(profile, args.tbt_slo, tile)
+    print(f"token budget from the {args.tbt_slo * 1e3:g} ms SLO: {choice.token_budget} "
+          f"(T = {choice.step_time * 1e3:.1f} ms with {num_decodes} decodes over {profile.context_len} tokens each)")
+    plots = optional_plots()
+    if plots is not None:
+        plots.plot_step_time(profile, choice, os.path.join(args.out, "step_time.png"))
+    return choice.token_budget

@@ -21,7 +21,7 @@ from sarathi_rt.measure.slo import SLOMetrics, slo_metrics
 from sarathi_rt.workloads import make_workload
 
 from ._serving import (REAL_MODEL, EndpointBackend, EngineBackend, SimBackend, add_common_args, fill_defaults,
-                       make_backend, optional_plots, parse_policies, workload_config)
+                       make_backend, optional_plots, parse_policies, slo_derived_budget, workload_config)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_common_args(p, policies="sarathi,vllm,orca", model=REAL_MODEL)
     p.add_argument("--qps", type=float, default=None, help="request rate (default: 0.75 on the engine, 1.5 simulated)")
     p.add_argument("--tbt-slo", type=float, default=None,
-                   help="time-between-tokens target (s): of --adaptive-budget, and of goodput")
+                   help="time-between-tokens target (s) of goodput; without --token-budget it also sizes "
+                        "the steps (see --budget-rule)")
     p.add_argument("--ttft-slo", type=float, default=None, help="time-to-first-token target (s) of goodput")
     e = p.add_argument_group("endpoint (instead of the engine)")
     e.add_argument("--endpoint", default=None, metavar="URL",
@@ -55,9 +56,12 @@ def _bench(args: argparse.Namespace, policies: list[str], backend: SimBackend | 
            ) -> int:
     workload = make_workload(workload_config(args, args.qps, backend.max_total_tokens))
     os.makedirs(args.out, exist_ok=True)
+    if args.token_budget is None:  # --budget-rule slo-static
+        args.token_budget = slo_derived_budget(args, backend)
     mode = "simulator" if args.simulate else f"{args.model} on {args.device}"
-    mode = f"{backend.model} at {args.endpoint}" if args.endpoint else \
-        f"{mode}; chunked policies: token budget {args.token_budget}"
+    budget = f"each step sized to the {args.tbt_slo * 1e3:g} ms SLO, at most {args.token_budget} tokens" \
+        if args.adaptive_budget else f"token budget {args.token_budget}"
+    mode = f"{backend.model} at {args.endpoint}" if args.endpoint else f"{mode}; chunked policies: {budget}"
     print(f"sarathi-rt bench: {len(workload)} requests of {args.trace} (length x{args.length_scale:.4g}) at "
           f"{args.qps:g} QPS, {mode}")
     summaries: dict[str, MetricsSummary] = {}

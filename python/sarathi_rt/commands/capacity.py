@@ -1,8 +1,9 @@
 """`sarathi-rt capacity`: the highest QPS each policy serves with P99 TBT within the SLO
 and P50 scheduling delay within 2 s, found by bisection on the engine or (--simulate)
-on the simulator. Without --token-budget the chunked policies get the budget derived
-from the SLO: the largest tile-aligned step whose measured (or modelled) time stays
-within it."""
+on the simulator. Without --token-budget the chunked policies get the default budget
+rule: each step sized to the SLO (the adaptive budget); `--budget-rule slo-static`
+derives one static budget instead, the largest tile-aligned step whose measured (or
+modelled) time stays within the SLO."""
 from __future__ import annotations
 
 import argparse
@@ -10,14 +11,12 @@ import dataclasses
 import json
 import os
 
-from sarathi_rt.measure.step_timing import measure_step_curve
-from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve
 from sarathi_rt.sim.capacity import SLO, CapacityResult, find_capacity
 from sarathi_rt.measure.metrics import MetricsSummary, summarize
 from sarathi_rt.workloads import make_workload
 
 from ._serving import EngineBackend, SimBackend, add_common_args, fill_defaults, make_backend, optional_plots, \
-    parse_policies, workload_config
+    parse_policies, slo_derived_budget, workload_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -29,7 +28,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--qps-start", type=float, default=1.0, help="first rate probed")
     p.add_argument("--rel-tol", type=float, default=0.02, help="stop when the bracket is this tight")
     p.add_argument("--max-probes", type=int, default=16, help="most runs per policy")
-    p.add_argument("--budget-tile", type=int, default=128, help="tile the SLO-derived budget is a multiple of")
     p.set_defaults(run=run)
 
 
@@ -46,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _capacity(args: argparse.Namespace, policies: list[str], slo: SLO, backend: SimBackend | EngineBackend) -> int:
     os.makedirs(args.out, exist_ok=True)
-    if args.token_budget is None:  # the SLO-derived static budget (adaptive got its cap above)
-        args.token_budget = _slo_budget(args, backend)
+    if args.token_budget is None:  # --budget-rule slo-static (the adaptive rule got its cap above)
+        args.token_budget = slo_derived_budget(args, backend)
     config = workload_config(args, args.qps_start, backend.max_total_tokens)
     results: dict[str, CapacityResult] = {}
     for policy in policies:
@@ -74,31 +72,3 @@ def _capacity(args: argparse.Namespace, policies: list[str], slo: SLO, backend: 
         print(f"sarathi / vllm capacity = {results['sarathi'].max_qps / results['vllm'].max_qps:.2f}x")
     print(f"wrote {args.out}/capacity.json, capacity_probes.json" + (", capacity.png" if plots else ""))
     return 0
-
-
-def _slo_budget(args: argparse.Namespace, backend: SimBackend | EngineBackend) -> int:
-    """Token budget from T(n) for a loaded hybrid batch: 32 decodes (fewer if
-    max_num_seqs is lower) over contexts of the workload's mean request length, or
-    less when the KV cache cannot hold that many."""
-    tile = args.budget_tile
-    num_decodes = min(32, args.max_num_seqs)
-    workload = make_workload(workload_config(args, 1.0, backend.max_total_tokens))
-    mean_len = sum(r.num_prompt_tokens + r.num_decode_tokens for r in workload) // len(workload)
-    if isinstance(backend, SimBackend):
-        context = min(mean_len, backend.num_blocks * args.block_size // num_decodes)
-        profile = cost_model_curve(backend.cost_model, list(range(32, 8193, 32)), num_decodes=num_decodes,
-                                     context_len=context, label="(cost model)")
-    else:
-        args.token_budget = tile * 8  # the profiling engine must fit the largest batch
-        engine = backend.engine("sarathi", workload)
-        cache_tokens = engine.executor.num_kv_blocks * args.block_size
-        context = max(1, min(mean_len, cache_tokens // num_decodes - tile))
-        profile = measure_step_curve(engine, [tile * k for k in range(1, 9)], num_decodes=num_decodes,
-                                    context_len=context)
-    choice = choose_token_budget(profile, args.tbt_slo, tile)
-    print(f"token budget from the {args.tbt_slo * 1e3:g} ms SLO: {choice.token_budget} "
-          f"(T = {choice.step_time * 1e3:.1f} ms with {num_decodes} decodes over {context} tokens each)")
-    plots = optional_plots()
-    if plots is not None:
-        plots.plot_step_time(profile, choice, os.path.join(args.out, "step_time.png"))
-    return choice.token_budget

@@ -15,6 +15,7 @@ from typing import NamedTuple, Sequence
 
 from sarathi_rt.scheduler import BatchPlan, PlanEntry
 from sarathi_rt.sim.cost import CostModel, TableCostModel, interpolate_measured
+from sarathi_rt.workloads import RequestSpec
 
 
 @dataclass(frozen=True)
@@ -131,3 +132,28 @@ def choose_token_budget(profile: StepTimeCurve, tbt_slo: float, tile_size: int =
         raise ValueError(f"tbt_slo={tbt_slo} s is out of reach: a {tile_size}-token step takes "
                          f"{profile.step_time(tile_size):.4g} s (limit {limit:.4g} s with margin {margin})")
     return best
+
+
+# The default budget rule, one for `bench`, `capacity`, `serve` and `LLM(tbt_slo=)`: given a
+# TBT SLO and no token budget, size every step to the SLO (the adaptive budget) with the
+# token budget only as its cap. A static budget is right for one load and one mix of
+# lengths; the adaptive one follows both, which is what a default must do on traces and
+# devices nobody tuned it for (bench/bench_adaptive_budget.py checks it against the best
+# static budget of a sweep on every shipped profile x hardware x trace x SLO x seed).
+# The caps only bound a step: the simulated GPU's steps reach thousands of tokens within
+# an SLO, the CPU engine's a few hundred.
+SIMULATOR_ADAPTIVE_CAP = 4096
+ENGINE_ADAPTIVE_CAP = 512
+
+
+def loaded_curve(cost_model: CostModel, requests: Sequence[RequestSpec], num_blocks: int, block_size: int, *,
+                 num_decodes: int = 32) -> StepTimeCurve:
+    """T(n) as the SLO-derived static budget (the rule before the adaptive one, still an
+    option) reads it: `num_decodes` decodes over the requests' mean length, or less when
+    the cache cannot hold that many; `choose_token_budget` then picks from it."""
+    if not requests:
+        raise ValueError("requests is empty: the SLO-derived budget needs the workload's mean length")
+    mean_len = sum(r.num_prompt_tokens + r.num_decode_tokens for r in requests) // len(requests)
+    context = max(1, min(mean_len, num_blocks * block_size // num_decodes))
+    return cost_model_curve(cost_model, list(range(32, 8193, 32)), num_decodes=num_decodes, context_len=context,
+                            label="(cost model)")
