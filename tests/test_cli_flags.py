@@ -74,3 +74,20 @@ def test_default_budget_rule_with_a_tbt_slo(tmp_path, capsys) -> None:
         main([*common, "--budget-rule", "adaptive"])
     with pytest.raises(ValueError, match="--budget-tile not used"):
         main([*common, "--tbt-slo", "0.2", "--budget-tile", "64"])
+
+
+@pytest.mark.parametrize("argv, budget, slo", [([], 256, None), (["--tbt-slo", "0.1"], 512, 0.1),
+                                               (["--tbt-slo", "0.1", "--token-budget", "128"], 128, 0.1)])
+def test_serve_takes_the_default_budget_rule(monkeypatch, argv: list[str], budget: int, slo: float | None) -> None:
+    pytest.importorskip("fastapi")
+    import sarathi_rt.llm
+
+    seen = {}
+
+    def fake_llm(model: str, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise ValueError("stop before loading a model")
+
+    monkeypatch.setattr(sarathi_rt.llm, "LLM", fake_llm)
+    assert main(["serve", "--model", "tiny", *argv]) != 0
+    assert (seen["token_budget"], seen["tbt_slo"]) == (budget, slo)

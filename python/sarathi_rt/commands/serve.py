@@ -7,7 +7,10 @@ import argparse
 import signal
 import sys
 
+from sarathi_rt.sim.budget import ENGINE_ADAPTIVE_CAP
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
+STATIC_BUDGET = 256
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +38,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--policy", default="sarathi")
-    p.add_argument("--token-budget", type=int, default=256)
+    p.add_argument("--token-budget", type=int, default=None,
+                   help=f"tokens per step (default {STATIC_BUDGET}); with --tbt-slo, the cap of each step "
+                        f"(default {ENGINE_ADAPTIVE_CAP})")
+    p.add_argument("--tbt-slo", type=float, default=None,
+                   help="time-between-tokens target (s): size each step to it (the adaptive budget, "
+                        "learned online from the engine's own steps)")
     p.add_argument("--chunk-size", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized from free memory")
@@ -67,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         limits = Limits(max_request_bytes=args.max_request_bytes, max_prompt_tokens=args.max_prompt_tokens)
         llm = LLM(args.model, device=args.device, dtype=args.dtype, policy=args.policy,
-                  token_budget=args.token_budget, chunk_size=args.chunk_size, max_num_seqs=args.max_num_seqs,
+                  token_budget=args.token_budget or (ENGINE_ADAPTIVE_CAP if args.tbt_slo else STATIC_BUDGET),
+                  tbt_slo=args.tbt_slo, chunk_size=args.chunk_size, max_num_seqs=args.max_num_seqs,
                   num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len, seed=args.seed,
                   tokenizer=args.tokenizer, tensor_parallel_size=args.tensor_parallel_size,
                   pipeline_parallel_size=args.pipeline_parallel_size, worker_timeout=args.worker_timeout,
