@@ -157,3 +157,47 @@ def test_vidur_profile_errors(tmp_path) -> None:
         VidurCostModel(str(tmp_path / "x.csv"))
     with pytest.raises(ValueError, match="cannot be read"):
         VidurCostModel(str(tmp_path / "none.csv"))
+
+
+def _profile_rows(tmp_path, name: str, edit: dict[str, str] | None = None, every_row: bool = False) -> str:
+    """The bundled profile's first 4 rows of tp=1, with `edit`'s cells set in the second
+    row (file line 3), or in every row."""
+    import csv
+    import gzip
+
+    with gzip.open(PROFILE, "rt", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["num_tensor_parallel_workers"] == "1"][:4]
+    for r in rows if every_row else rows[1:2]:
+        r.update(edit or {})
+    path = tmp_path / name
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return str(path)
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"time_stats.mlp_act.median": "nan"}, r"line 3: time_stats.mlp_act.median is 'nan', not a finite time"),
+    ({"time_stats.emb.median": "-1"}, r"line 3: time_stats.emb.median is '-1'"),
+    ({"time_stats.add.median": "fast"}, r"line 3: time_stats.add.median is 'fast'"),
+    ({"num_tokens": "0"}, r"line 3: num_tokens is '0', not a positive integer"),
+    ({"n_embd": "5120"}, r"mixes models"),
+    ({"n_kv_head": "0"}, r"n_kv_head is '0'"),
+])
+def test_vidur_profile_bad_cells_name_the_file_and_line(tmp_path, edit: dict[str, str], match: str) -> None:
+    with pytest.raises(ValueError, match="bad_mlp.csv'.* " + match):
+        VidurCostModel(_profile_rows(tmp_path, "bad_mlp.csv", edit))
+
+
+def test_vidur_profile_that_does_not_fit(tmp_path) -> None:
+    (tmp_path / "empty.csv").write_text(",".join(["num_tokens", "n_head"]) + "\n")
+    with pytest.raises(ValueError, match=r"empty.csv' has no rows"):
+        VidurCostModel(str(tmp_path / "empty.csv"))
+    (tmp_path / "text.csv.gz").write_text("not gzip")
+    with pytest.raises(ValueError, match=r"text.csv.gz' cannot be read"):
+        VidurCostModel(str(tmp_path / "text.csv.gz"))
+    heads = _profile_rows(tmp_path, "heads.csv", {"n_head": "30", "n_kv_head": "8"}, every_row=True)
+    with pytest.raises(ValueError, match=r"heads.csv': n_embd=4096 must split into n_head=30"):
+        VidurCostModel(heads)
+    assert VidurCostModel(_profile_rows(tmp_path, "ok.csv")).dense_time(64) > 0  # the 4 rows alone fit

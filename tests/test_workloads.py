@@ -90,3 +90,30 @@ def test_bad_trace_files(tmp_path) -> None:
         make_workload(WorkloadConfig(num_requests=2, arrival="trace", lengths="sharegpt"))
     with pytest.raises(ValueError, match="fits max_total_tokens"):
         make_workload(WorkloadConfig(num_requests=2, max_total_tokens=2))
+
+
+@pytest.mark.parametrize("text, match", [
+    ("num_prefill_tokens,num_decode_tokens\n", r"t.csv' has no requests"),
+    ("", r"t.csv' has no requests"),
+    ("prompt,output\n5,2\n", r"t.csv' needs columns .*got \['output', 'prompt'\]"),
+    ("num_prefill_tokens,num_decode_tokens\ninf,2\n", r"t.csv' has a cell that is not a finite number"),
+    ("num_prefill_tokens,num_decode_tokens\n5\n", r"t.csv' has a cell that is not a finite number"),
+    ("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,2\nnan,6,3\n", r"t.csv': arrived_at must be finite"),
+])
+def test_trace_that_does_not_fit_names_the_file(tmp_path, text: str, match: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        WorkloadConfig(lengths=str(path))  # checked when configured, before any run
+
+
+def test_trace_with_no_request_left_after_filtering(tmp_path) -> None:
+    (tmp_path / "t.csv.gz").write_text("not gzip")
+    with pytest.raises(ValueError, match=r"t.csv.gz' cannot be read as a CSV"):
+        load_trace(str(tmp_path / "t.csv.gz"))
+    path = tmp_path / "long.csv"
+    path.write_text("num_prefill_tokens,num_decode_tokens\n900,100\n2000,10\n")
+    with pytest.raises(ValueError, match=r"no request of trace '.*long.csv' fits max_total_tokens=512 at "
+                                         r"length_scale=1.0: its 2 requests hold 1000 tokens or more"):
+        make_workload(WorkloadConfig(num_requests=4, lengths=str(path), max_total_tokens=512))
+    assert len(make_workload(WorkloadConfig(num_requests=4, lengths=str(path), max_total_tokens=1000))) == 4

@@ -75,17 +75,24 @@ def _read_trace(path: str, name: str) -> Trace:
     import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
 
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as raw:
-        rows = list(csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline="")))
-    if not rows or not {"num_prefill_tokens", "num_decode_tokens"} <= rows[0].keys():
+    try:
+        with opener(path, "rb") as raw:
+            rows = list(csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline="")))
+    except (OSError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"trace {path!r} cannot be read as a CSV: {e}") from None
+    if not rows:
+        raise ValueError(f"trace {path!r} has no requests (no rows below a header)")
+    if not {"num_prefill_tokens", "num_decode_tokens"} <= rows[0].keys():
         raise ValueError(f"trace {path!r} needs columns num_prefill_tokens,num_decode_tokens "
-                         f"(and optionally arrived_at) and at least one row")
+                         f"(and optionally arrived_at), got {sorted(k for k in rows[0] if k)}")
     try:
         prompt = np.array([int(float(r["num_prefill_tokens"])) for r in rows], dtype=np.int64)
         decode = np.array([int(float(r["num_decode_tokens"])) for r in rows], dtype=np.int64)
         arrivals = np.array([float(r["arrived_at"]) for r in rows]) if "arrived_at" in rows[0] else None
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"trace {path!r} has a non-numeric cell: {e}") from None
+    except (TypeError, ValueError, OverflowError) as e:  # int(float("inf")) overflows
+        raise ValueError(f"trace {path!r} has a cell that is not a finite number: {e}") from None
+    if arrivals is not None and not np.isfinite(arrivals).all():
+        raise ValueError(f"trace {path!r}: arrived_at must be finite numbers")
     if (prompt <= 0).any() or (decode <= 0).any():
         raise ValueError(f"trace {path!r} has a request with a non-positive token count")
     if arrivals is not None and (np.diff(arrivals) < 0).any():
@@ -191,7 +198,8 @@ def _lengths(config: WorkloadConfig, rng: np.random.Generator
     idx = np.flatnonzero(keep)
     if len(idx) == 0:
         raise ValueError(f"no request of trace {config.lengths!r} fits max_total_tokens="
-                         f"{config.max_total_tokens} at length_scale={config.length_scale}")
+                         f"{config.max_total_tokens} at length_scale={config.length_scale}: its "
+                         f"{len(trace)} requests hold {int((prompt + decode).min())} tokens or more")
     if config.arrival == "trace":
         # Trace order keeps lengths paired with their timestamps.
         if n > len(idx):

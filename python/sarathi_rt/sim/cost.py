@@ -106,6 +106,7 @@ class TableCostModel(ShapeCost):
 
 
 # Every per-layer op in vidur's mlp.csv; `add` (the residual add) runs twice a layer.
+_SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size")
 _LAYER_OPS = {"input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_post_proj": 1,
               "post_attention_layernorm": 1, "mlp_up_proj": 1, "mlp_act": 1, "mlp_down_proj": 1,
               "add": 2}
@@ -219,13 +220,32 @@ def _read_profile(path: str) -> list[dict[str, str]]:
     try:
         with opener(path, "rb") as raw:
             rows = list(csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline="")))
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
         raise ValueError(f"profile {path!r} cannot be read: {e}") from None
-    need = {"num_tokens", "num_tensor_parallel_workers", "n_head", "n_kv_head", "n_embd", "vocab_size",
-            "time_stats.emb.median"} | {f"time_stats.{op}.median" for op in _LAYER_OPS}
-    if not rows or not need <= rows[0].keys():
-        missing = sorted(need - (rows[0].keys() if rows else set()))
-        raise ValueError(f"profile {path!r} is not a vidur mlp.csv: missing columns {missing}")
-    if any(not math.isfinite(float(r["time_stats.attn_pre_proj.median"])) for r in rows):
-        raise ValueError(f"profile {path!r} has non-finite times")
+    counts = ("num_tokens", "num_tensor_parallel_workers") + _SHAPE_COLUMNS
+    times = ("time_stats.emb.median",) + tuple(f"time_stats.{op}.median" for op in _LAYER_OPS)
+    if not rows:
+        raise ValueError(f"profile {path!r} has no rows below its header")
+    if not set(counts + times) <= rows[0].keys():
+        raise ValueError(f"profile {path!r} is not a vidur mlp.csv: missing columns "
+                         f"{sorted(set(counts + times) - rows[0].keys())}")
+    # Every cell the model reads, checked here: a bad one would otherwise surface as a
+    # NaN step time or a bare "could not convert" deep in a simulation.
+    for line, r in enumerate(rows, start=2):  # line 1 is the header
+        for col in counts + times:
+            try:
+                ok = int(r[col]) > 0 if col in counts else 0 <= float(r[col]) < math.inf
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                kind = "a positive integer" if col in counts else "a finite time >= 0"
+                raise ValueError(f"profile {path!r} line {line}: {col} is {r[col]!r}, not {kind}")
+    shapes = {tuple(int(r[c]) for c in _SHAPE_COLUMNS) for r in rows}
+    if len(shapes) > 1:
+        raise ValueError(f"profile {path!r} mixes models ({', '.join(_SHAPE_COLUMNS)}: {sorted(shapes)}): "
+                         f"one model per profile")
+    n_head, n_kv_head, n_embd = shapes.pop()[:3]
+    if n_embd % n_head or n_head % n_kv_head:
+        raise ValueError(f"profile {path!r}: n_embd={n_embd} must split into n_head={n_head} heads, "
+                         f"in groups of n_kv_head={n_kv_head}")
     return rows
