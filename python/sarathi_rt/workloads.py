@@ -13,8 +13,10 @@ import gzip
 import io
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -45,13 +47,15 @@ class Trace:
 @dataclass(frozen=True)
 class RequestSpec:
     """One request; `prompt_token_ids` only where prompts share text (else None: the
-    engine draws random ids, the simulator needs none)."""
+    engine draws random ids, the simulator needs none). `qos`: its QoS class (None:
+    the scheduler's default_qos)."""
 
     request_id: int
     arrival_time: float
     num_prompt_tokens: int
     num_decode_tokens: int
     prompt_token_ids: tuple[int, ...] | None = None
+    qos: str | None = None
 
 
 def data_path(filename: str) -> str:
@@ -116,6 +120,9 @@ class WorkloadConfig:
     arrival: "poisson" at qps; "gamma" at qps with coefficient of variation `cv`
         (cv > 1 is burstier than Poisson); "fixed" evenly spaced at qps; "trace" the
         trace's own arrived_at times, rescaled to an average of qps.
+    qos_mix: {class name: fraction} (fractions > 0 summing to 1): each request gets a
+        class drawn at random in these proportions, from a stream of its own, so the
+        lengths and arrivals are the same with and without a mix. None: no class.
     """
 
     num_requests: int = 100
@@ -130,6 +137,7 @@ class WorkloadConfig:
     decode_range: tuple[int, int] = (16, 256)
     max_total_tokens: int | None = None
     seed: int = 0
+    qos_mix: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_requests", "prompt_len", "decode_len"):
@@ -152,8 +160,26 @@ class WorkloadConfig:
             raise ValueError(f"max_total_tokens must be >= 2 or None, got {self.max_total_tokens!r}")
         if self.arrival == "trace" and self.lengths in SYNTHETIC_LENGTHS:
             raise ValueError(f"arrival='trace' needs a trace in lengths, got {self.lengths!r}")
+        if self.qos_mix is not None:
+            object.__setattr__(self, "qos_mix", MappingProxyType(check_qos_mix(self.qos_mix)))
         if self.lengths not in SYNTHETIC_LENGTHS:
             load_trace(self.lengths)  # fail here, naming the value, not mid-benchmark
+
+
+def check_qos_mix(mix: object) -> dict[str, float]:
+    """`mix` as a dict, if it maps class names to fractions > 0 that sum to 1."""
+    if not isinstance(mix, Mapping) or not mix:
+        raise ValueError(f"qos_mix must be a non-empty mapping of class name to fraction, got {mix!r}")
+    out = {}
+    for name, frac in mix.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"qos_mix: class names must be non-empty strings, got {name!r}")
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not (0 < frac <= 1):
+            raise ValueError(f"qos_mix[{name!r}] must be a fraction in (0, 1], got {frac!r}")
+        out[name] = float(frac)
+    if abs(math.fsum(out.values()) - 1.0) > 1e-6:
+        raise ValueError(f"qos_mix fractions must sum to 1, got {math.fsum(out.values())!r}")
+    return out
 
 
 def make_workload(config: WorkloadConfig) -> list[RequestSpec]:
@@ -174,7 +200,12 @@ def make_workload(config: WorkloadConfig) -> list[RequestSpec]:
         assert trace_times is not None
         arrivals = _rescale(trace_times - trace_times[0], config.qps)
     arrivals = arrivals - arrivals[0]  # the first request arrives at t = 0
-    return [RequestSpec(i, float(arrivals[i]), int(prompt[i]), int(decode[i])) for i in range(n)]
+    classes: list[str | None] = [None] * n
+    if config.qos_mix is not None:
+        names, fracs = list(config.qos_mix), np.array(list(config.qos_mix.values()))
+        picks = np.random.default_rng([config.seed, 1]).choice(len(names), n, p=fracs / fracs.sum())
+        classes = [names[k] for k in picks]
+    return [RequestSpec(i, float(arrivals[i]), int(prompt[i]), int(decode[i]), qos=classes[i]) for i in range(n)]
 
 
 def _lengths(config: WorkloadConfig, rng: np.random.Generator

@@ -8,8 +8,11 @@ import csv
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable, Sequence
+
+from sarathi_rt.scheduler.qos import QoSClass
 
 DEFAULT_STALL_FACTOR = 5.0
 
@@ -25,6 +28,8 @@ class RequestMetrics:
     num_preemptions: int = 0
     bubble_time: float = 0.0  # pipeline parallelism: its micro-batches' waits for a busy stage
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    qos: str | None = None  # its QoS class
+    relegated: bool = False  # the scheduler found it could no longer make its first-token deadline
 
     @property
     def ttft(self) -> float | None:
@@ -143,6 +148,30 @@ class Distribution:
 
 
 @dataclass(frozen=True)
+class QoSSummary:
+    """One QoS class in a run. A request attains its SLO when it finished with its
+    first token by arrival + ttft and its i-th later token by arrival + ttft + i * tbt;
+    `attainment` is the fraction of the class's requests that did (NaN for none),
+    `goodput` those requests per second of the run."""
+
+    num_requests: int
+    attainment: float
+    goodput: float
+    relegated: int
+    ttft: Distribution
+    tbt: Distribution
+
+
+def qos_summary(requests: Sequence[RequestMetrics], qos: QoSClass, duration: float) -> QoSSummary:
+    """The summary of one class's `requests` over a run of `duration` seconds."""
+    met = sum(qos.attained(r.arrival_time, r.token_times, r.finish_time is not None) for r in requests)
+    return QoSSummary(len(requests), met / len(requests) if requests else math.nan,
+                      met / duration if duration > 0 else math.nan, sum(r.relegated for r in requests),
+                      Distribution.of([r.ttft for r in requests if r.ttft is not None]),
+                      Distribution.of([g for r in requests for g in r.tbts]))
+
+
+@dataclass(frozen=True)
 class MetricsSummary:
     """What a serving run amounts to. `tokens_per_s` counts generated tokens over the
     span from the first arrival to the last finish."""
@@ -162,6 +191,7 @@ class MetricsSummary:
     num_preemptions: int
     duration: float
     prefix_cache_hit_rate: float = 0.0  # cached / all prompt tokens of the requests
+    qos: Mapping[str, QoSSummary] = field(default_factory=dict)  # per QoS class, when classes are known
 
     def bench_dict(self) -> dict[str, float | int]:
         """The per-policy record of `sarathi-rt bench`'s summary.json."""
@@ -172,8 +202,10 @@ class MetricsSummary:
 
 
 def summarize(requests: Sequence[RequestMetrics], steps: Sequence[StepMetrics],
-              stall_factor: float = DEFAULT_STALL_FACTOR) -> MetricsSummary:
-    """P50/P90/P99 of TTFT, TBT, scheduling delay, latency and step time; stalls; throughput."""
+              stall_factor: float = DEFAULT_STALL_FACTOR,
+              qos_classes: Mapping[str, QoSClass] | None = None) -> MetricsSummary:
+    """P50/P90/P99 of TTFT, TBT, scheduling delay, latency and step time; stalls;
+    throughput; with `qos_classes`, each class's attainment (requests by their .qos)."""
     done = [r for r in requests if r.finish_time is not None]
     ttfts = [r.ttft for r in requests if r.ttft is not None]
     delays = [r.scheduling_delay for r in requests if r.scheduling_delay is not None]
@@ -192,7 +224,9 @@ def summarize(requests: Sequence[RequestMetrics], steps: Sequence[StepMetrics],
         tokens_per_s=generated / duration if duration > 0 else math.nan,
         num_generated_tokens=generated, num_steps=len(steps),
         num_preemptions=sum(r.num_preemptions for r in requests), duration=duration,
-        prefix_cache_hit_rate=_hit_rate(requests))
+        prefix_cache_hit_rate=_hit_rate(requests),
+        qos={name: qos_summary([r for r in requests if r.qos == name], cls, duration)
+             for name, cls in (qos_classes or {}).items()})
 
 
 def _hit_rate(requests: Sequence[RequestMetrics]) -> float:
@@ -218,7 +252,8 @@ def load_json(path: str | os.PathLike[str]) -> tuple[list[RequestMetrics], list[
 
 
 _REQUEST_CSV = ["arrival_time", "num_prompt_tokens", "first_scheduled_time", "first_token_time",
-                "finish_time", "num_preemptions", "bubble_time", "num_cached_tokens", "token_times"]
+                "finish_time", "num_preemptions", "bubble_time", "num_cached_tokens", "relegated",
+                "token_times"]
 
 
 def save_requests_csv(path: str | os.PathLike[str], requests: Sequence[RequestMetrics]) -> None:
@@ -226,11 +261,11 @@ def save_requests_csv(path: str | os.PathLike[str], requests: Sequence[RequestMe
     repr() keeps every float exact, so load_requests_csv round-trips."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(_REQUEST_CSV + ["ttft", "scheduling_delay", "e2e_latency"])
+        w.writerow(_REQUEST_CSV + ["ttft", "scheduling_delay", "e2e_latency", "qos"])
         for r in requests:
             w.writerow([_cell(getattr(r, k)) for k in _REQUEST_CSV[:-1]]
                        + [" ".join(map(repr, r.token_times))]
-                       + [_cell(r.ttft), _cell(r.scheduling_delay), _cell(r.e2e_latency)])
+                       + [_cell(r.ttft), _cell(r.scheduling_delay), _cell(r.e2e_latency), r.qos or ""])
 
 
 def load_requests_csv(path: str | os.PathLike[str]) -> list[RequestMetrics]:
@@ -244,7 +279,8 @@ def load_requests_csv(path: str | os.PathLike[str]) -> list[RequestMetrics]:
                 token_times=[float(t) for t in row["token_times"].split()],
                 finish_time=_opt(row["finish_time"]), num_preemptions=int(row["num_preemptions"]),
                 bubble_time=float(row.get("bubble_time") or 0.0),
-                num_cached_tokens=int(row.get("num_cached_tokens") or 0)))
+                num_cached_tokens=int(row.get("num_cached_tokens") or 0),
+                qos=row.get("qos") or None, relegated=row.get("relegated") == "True"))
     return out
 
 

@@ -3,6 +3,7 @@ each step, and which KV blocks they own. Embeddable on its own."""
 from .base import Scheduler
 from .block_manager import BlockManager
 from .chunking import suggest_chunk_size
+from .qos import QoSClass
 from .config import SchedulerConfig
 from .batch_plan import BatchPlan, PlanEntry
 from .prefix_cache import PrefixCacheStats, block_hashes
@@ -13,6 +14,7 @@ from .request import RequestInfo, RequestStatus
 
 __all__ = [
     "BatchPlan", "BlockManager", "DecodeMaximalScheduler", "OrcaScheduler", "PlanEntry", "PrefixCacheStats",
+    "QoSClass",
     "RequestInfo", "RequestLevelScheduler", "RequestStatus", "SarathiScheduler",
     "Scheduler", "SchedulerConfig", "VLLMScheduler", "available_policies",
     "block_hashes", "create_scheduler", "get_policy", "register_policy", "suggest_chunk_size",

@@ -2,6 +2,8 @@
 shares. A policy only decides which requests run how many tokens in one step."""
 from __future__ import annotations
 
+import math
+import time
 from abc import ABC, abstractmethod
 from array import array
 from collections import deque
@@ -11,6 +13,7 @@ from .block_manager import BlockManager
 from .config import SchedulerConfig
 from .batch_plan import BatchPlan, PlanEntry
 from .prefix_cache import PrefixCacheStats, block_hashes
+from .qos import QoSClass
 from .request import Request, RequestInfo, RequestStatus
 from sarathi_rt.step_time import StepTimeModel
 
@@ -47,8 +50,9 @@ class Scheduler(ABC):
     adaptive: ClassVar[bool] = False  # True: honours config.tbt_slo with a step-time model
 
     def __init__(self, config: SchedulerConfig, step_time_model: StepTimeModel | None = None) -> None:
-        if config.tbt_slo is not None and step_time_model is None:
-            raise ValueError("step_time_model is required when tbt_slo is set (the adaptive budget)")
+        if config.needs_step_time_model and step_time_model is None:
+            raise ValueError("step_time_model is required when tbt_slo is set (the adaptive budget) "
+                             "or qos_policy is 'deadline' with qos_classes")
         self.config = config
         self.step_time_model = step_time_model
         self._blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
@@ -59,6 +63,7 @@ class Scheduler(ABC):
         self._pending: dict[int, list[Request]] = {}  # step -> requests of that plan
         self._arrivals = 0
         self._step = 0
+        self._now = 0.0  # seconds, as of the latest schedule(): what QoS deadlines compare to
 
     # ----------------------------------------------------------------- config
     @classmethod
@@ -86,12 +91,22 @@ class Scheduler(ABC):
 
     # ------------------------------------------------------------- public API
     def add_request(self, request_id: Hashable, num_prompt_tokens: int, max_new_tokens: int, *,
-                    prompt_token_ids: Sequence[int] | None = None) -> None:
+                    prompt_token_ids: Sequence[int] | None = None, qos: str | None = None,
+                    arrival_time: float | None = None) -> None:
         """Queue a request. With prefix caching on, `prompt_token_ids` let it reuse the
         KV of a cached prompt prefix: its first PlanEntry then starts at the number of
-        tokens it skipped (whole blocks, never the last prompt token)."""
+        tokens it skipped (whole blocks, never the last prompt token). `qos` names its
+        class in config.qos_classes (default: config.default_qos); its deadlines count
+        from `arrival_time` (seconds on the clock `schedule(now=...)` reads; default
+        time.perf_counter())."""
         if request_id in self._live:
             raise ValueError(f"request_id {request_id!r} is already scheduled")
+        qos, qos_class = self._qos_class(qos)
+        if arrival_time is None:
+            arrival_time = time.perf_counter()
+        elif isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) or \
+                not math.isfinite(arrival_time):
+            raise ValueError(f"arrival_time must be a finite number of seconds, got {arrival_time!r}")
         for name, value in (("num_prompt_tokens", num_prompt_tokens),
                             ("max_new_tokens", max_new_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -100,14 +115,33 @@ class Scheduler(ABC):
         keys = self._prompt_keys(num_prompt_tokens, prompt_token_ids)
         self._done.pop(request_id, None)
         req = Request(request_id, num_prompt_tokens, max_new_tokens, self._arrivals,
-                      prefill_target=num_prompt_tokens, block_keys=keys, arrival_step=self._step)
+                      prefill_target=num_prompt_tokens, block_keys=keys, arrival_step=self._step,
+                      qos=qos, qos_class=qos_class, arrival_time=float(arrival_time))
         self._arrivals += 1
         self._live[request_id] = req
         self._waiting.append(req)
 
-    def schedule(self) -> BatchPlan:
+    def _qos_class(self, qos: str | None) -> tuple[str | None, QoSClass | None]:
+        classes = self.config.qos_classes
+        if qos is None:
+            qos = self.config.default_qos
+            if qos is None:
+                if classes is not None:
+                    raise ValueError(f"qos is required: the scheduler has qos_classes "
+                                     f"{sorted(classes)} and no default_qos")
+                return None, None
+        if classes is None:
+            raise ValueError(f"qos {qos!r} given, but the scheduler has no qos_classes")
+        if qos not in classes:
+            raise ValueError(f"qos must be one of {sorted(classes)}, got {qos!r}")
+        return qos, classes[qos]
+
+    def schedule(self, now: float | None = None) -> BatchPlan:
         """Build the next step. Requests in a plan stay out of later plans until that
-        plan is passed to `update`, so several plans may be in flight (pipelining)."""
+        plan is passed to `update`, so several plans may be in flight (pipelining).
+        `now`: seconds on the clock of add_request's arrival_time (default
+        time.perf_counter()); QoS deadlines are weighed against it."""
+        self._now = time.perf_counter() if now is None else now
         self._step += 1
         b = StepBuilder(self._step, self.config.token_budget)
         self._build(b)
@@ -276,18 +310,24 @@ class Scheduler(ABC):
                 continue
             if len(req.blocks) * bs <= req.num_computed:
                 while self._blocks.num_free == 0 and req.status is RUNNING:
-                    self._preempt(self._newest_idle(), b)
+                    self._preempt(self._victim(), b)
                 if req.status is not RUNNING:
                     continue
                 req.blocks.extend(self._blocks.take(1))
             self._add(b, req, 1)
 
-    def _newest_idle(self) -> Request:
-        """The most recently arrived running request outside every plan."""
-        for req in reversed(self._running.values()):
-            if not req.in_flight:
-                return req
-        raise AssertionError("a decode needing a block is itself idle")
+    def _victim(self) -> Request:
+        """The running request outside every plan to preempt: the most recently arrived;
+        with deadline-aware QoS, a relegated one first, then the lowest priority, then
+        the one whose next token is due last (so the tight classes keep their blocks)."""
+        idle = [r for r in reversed(self._running.values()) if not r.in_flight]
+        if not idle:
+            raise AssertionError("a decode needing a block is itself idle")
+        if not self.config.deadline_aware:
+            return idle[0]
+        # min() keeps the first of equals: the newest
+        return min(idle, key=lambda r: (not r.relegated, r.qos_class.priority,  # type: ignore[union-attr]
+                                        -r.next_deadline()))
 
     def _prefill_chunk(self, b: StepBuilder, req: Request, cap: int,
                        keep_free: int = 0) -> int:

@@ -22,7 +22,9 @@ class PlanEntry:
 @dataclass(slots=True)
 class BatchPlan:
     """One step. `preempted` lists requests whose KV blocks were freed while this plan
-    was built: the engine must drop their cached state; they re-prefill later."""
+    was built: the engine must drop their cached state; they re-prefill later.
+    `relegated` lists requests found, while this plan was built, unable to make their
+    first-token deadline (QoS): they are served after the others from now on."""
 
     step: int
     entries: list[PlanEntry] = field(default_factory=list)
@@ -30,6 +32,7 @@ class BatchPlan:
     num_decode_tokens: int = 0
     tile_padding: int = 0
     preempted: list[Hashable] = field(default_factory=list)
+    relegated: list[Hashable] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .qos import QOS_POLICIES, QoSClass, qos_classes_from
 from .registry import get_policy
 
 
@@ -35,6 +37,17 @@ class SchedulerConfig:
     enable_prefix_caching: reuse the KV blocks of prompt prefixes computed before (for
         requests added with prompt_token_ids). Off here so that a bare config schedules
         exactly as without a cache; the engine turns it on.
+    qos_classes: {name: QoSClass}; a request then names its class in add_request (or
+        gets default_qos). qos_policy "deadline" (policies that support it: sarathi)
+        schedules by the classes' deadlines, sizing steps with the step-time model;
+        "fcfs" records the classes (metrics per class) but schedules exactly as without
+        them: the baseline.
+    qos_srpf_weight: the deadline policy's one ordering knob. Prefills go in order of
+        their first-token deadline plus this many times the seconds their remaining
+        prompt takes to prefill: 0 is earliest-deadline-first, larger values lean to
+        shortest-remaining-first. Any finite value keeps the order starvation-free: a
+        request's key is fixed, while every later arrival's key is at least its arrival
+        plus the tightest class's ttft, so its turn comes within a bounded time.
     """
 
     policy: str = "sarathi"
@@ -50,6 +63,10 @@ class SchedulerConfig:
     tbt_slo: float | None = None
     slo_margin: float = 0.1
     enable_prefix_caching: bool = False
+    qos_classes: Mapping[str, QoSClass] | None = None
+    default_qos: str | None = None
+    qos_policy: str = "deadline"
+    qos_srpf_weight: float = 1.0
 
     def __post_init__(self) -> None:
         policy_cls = get_policy(self.policy)
@@ -76,7 +93,36 @@ class SchedulerConfig:
         if self.chunk_size > self.token_budget:
             raise ValueError(f"chunk_size ({self.chunk_size}) must not exceed "
                              f"token_budget ({self.token_budget})")
+        self._check_qos(policy_cls.adaptive)
         policy_cls.check_config(self)
+
+    def _check_qos(self, adaptive: bool) -> None:
+        if self.qos_policy not in QOS_POLICIES:
+            raise ValueError(f"qos_policy must be one of {QOS_POLICIES}, got {self.qos_policy!r}")
+        w = self.qos_srpf_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (w >= 0 and math.isfinite(w)):
+            raise ValueError(f"qos_srpf_weight must be a finite number >= 0, got {w!r}")
+        if self.qos_classes is None:
+            if self.default_qos is not None:
+                raise ValueError(f"default_qos {self.default_qos!r} needs qos_classes")
+            return
+        object.__setattr__(self, "qos_classes", qos_classes_from(self.qos_classes))
+        if self.default_qos is not None and self.default_qos not in self.qos_classes:  # type: ignore[operator]
+            raise ValueError(f"default_qos must be one of {sorted(self.qos_classes)}, "  # type: ignore[arg-type]
+                             f"got {self.default_qos!r}")
+        if self.qos_policy == "deadline" and not adaptive:
+            raise ValueError(f"qos_policy 'deadline' is not supported by policy {self.policy!r} "
+                             "(use qos_policy='fcfs' or policy 'sarathi')")
+
+    @property
+    def deadline_aware(self) -> bool:
+        """True when steps are scheduled by the QoS classes' deadlines."""
+        return self.qos_classes is not None and self.qos_policy == "deadline"
+
+    @property
+    def needs_step_time_model(self) -> bool:
+        """The adaptive budget (tbt_slo) and the deadline policy both size steps in seconds."""
+        return self.tbt_slo is not None or self.deadline_aware
 
     @property
     def watermark_blocks(self) -> int:

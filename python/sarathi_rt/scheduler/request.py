@@ -5,6 +5,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Hashable
 
+from .qos import QoSClass
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -39,6 +41,18 @@ class Request:
     num_keyed: int = 0
     num_cached_tokens: int = 0
     arrival_step: int = 0  # the last step scheduled before the request was added (0: none)
+    # QoS: the class's name and deadlines, the arrival in seconds they count from, and
+    # whether the request can no longer make its first-token deadline (served last).
+    qos: str | None = None
+    qos_class: QoSClass | None = None
+    arrival_time: float = 0.0
+    relegated: bool = False
+
+    def next_deadline(self) -> float:
+        """When the request's next token is due (inf without a class)."""
+        if self.qos_class is None:
+            return float("inf")
+        return self.qos_class.deadline(self.arrival_time, self.num_generated)
 
     @property
     def is_prefill(self) -> bool:
@@ -53,7 +67,7 @@ class Request:
         return RequestInfo(self.request_id, self.num_prompt_tokens, self.max_new_tokens,
                            self.arrival, self.status, self.num_computed, self.num_generated,
                            len(self.blocks), self.first_scheduled_step, self.num_preemptions,
-                           self.num_cached_tokens)
+                           self.num_cached_tokens, self.qos, self.relegated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +85,5 @@ class RequestInfo:
     first_scheduled_step: int | None
     num_preemptions: int
     num_cached_tokens: int = 0  # prompt tokens the first admission took from the prefix cache
+    qos: str | None = None  # the request's QoS class
+    relegated: bool = False  # it could no longer make its first-token deadline

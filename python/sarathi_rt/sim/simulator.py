@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from sarathi_rt.measure.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
-from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, QoSClass, SchedulerConfig, create_scheduler
 from sarathi_rt.step_time.shape import StepShape, StepTimeModel
 from sarathi_rt.workloads import RequestSpec
 
@@ -28,7 +29,8 @@ class SimResult:
 
     stage_busy: seconds each pipeline stage computed or sent. bubble_times: per
     request, seconds its micro-batches waited between stages for a busy stage.
-    prefix_cache: the scheduler's prefix-cache counters at the end of the run."""
+    prefix_cache: the scheduler's prefix-cache counters at the end of the run.
+    qos_classes: the scheduler's, for the summary's per-class attainment."""
 
     policy: str
     pipeline_stages: int
@@ -38,13 +40,14 @@ class SimResult:
     stage_busy: list[float] = field(default_factory=list)
     bubble_times: list[float] = field(default_factory=list)
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    qos_classes: Mapping[str, QoSClass] | None = None
 
     @property
     def stage_idle(self) -> list[float]:
         return [self.makespan - b for b in self.stage_busy]
 
     def summary(self, stall_factor: float = DEFAULT_STALL_FACTOR) -> MetricsSummary:
-        return summarize(self.requests, self.steps, stall_factor)
+        return summarize(self.requests, self.steps, stall_factor, self.qos_classes)
 
 
 @dataclass(slots=True)
@@ -93,11 +96,11 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
         raise ValueError("workload has duplicate request ids")
     k = pipeline_stages
     learner = step_time_model if step_time_model is not cost_model else None
-    if scheduler_config.tbt_slo is not None and step_time_model is None:
+    if scheduler_config.needs_step_time_model and step_time_model is None:
         step_time_model = cost_model if k == 1 else PipelineLatency(cost_model, k)  # type: ignore[assignment]
     sched = create_scheduler(scheduler_config, step_time_model)
     index = {rid: i for i, rid in enumerate(ids)}
-    records = [RequestMetrics(r.arrival_time, r.num_prompt_tokens) for r in workload]
+    records = [RequestMetrics(r.arrival_time, r.num_prompt_tokens, qos=r.qos) for r in workload]
     bubbles = [0.0] * len(workload)
     steps: list[StepMetrics] = []
     busy = [0.0] * k
@@ -110,12 +113,15 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
         while nxt < len(workload) and workload[nxt].arrival_time <= now:
             r = workload[nxt]
             sched.add_request(r.request_id, r.num_prompt_tokens, r.num_decode_tokens,
-                              prompt_token_ids=r.prompt_token_ids)
+                              prompt_token_ids=r.prompt_token_ids, qos=r.qos, arrival_time=r.arrival_time)
+            records[index[r.request_id]].qos = sched.request_info(r.request_id).qos  # default_qos applied
             nxt += 1
         if len(inflight) < k and free_at[0] <= now and sched.has_unfinished():
-            plan = sched.schedule()
+            plan = sched.schedule(now)
             for rid in plan.preempted:
                 records[index[rid]].num_preemptions += 1
+            for rid in plan.relegated:
+                records[index[rid]].relegated = True
             if plan.is_empty:
                 sched.update(plan)  # nothing runnable until an arrival or a completion
             else:
@@ -146,7 +152,7 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     makespan = max((r.finish_time for r in records if r.finish_time is not None), default=now)
     start = workload[0].arrival_time if workload else 0.0
     return SimResult(scheduler_config.policy, k, records, steps, makespan - start, busy, bubbles,
-                     sched.prefix_cache_stats())
+                     sched.prefix_cache_stats(), scheduler_config.qos_classes)
 
 
 def _issue(plan: BatchPlan, now: float, cost_model: CostModel, k: int, free_at: list[float],

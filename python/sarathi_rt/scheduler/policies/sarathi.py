@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 from ..base import Scheduler, StepBuilder
+from ..deadline import DeadlineOrder, step_limit
 from ..request import Request, RequestStatus
 from ..registry import register_policy
 from sarathi_rt.step_time import adaptive_prefill_tokens
@@ -37,7 +39,14 @@ class SarathiScheduler(Scheduler):
     the step that prefills the most tokens per second); prefill leaves free the blocks
     the decodes will need before the next of them finishes, and while the cache cannot
     hold every live request to its end, prefill is paced to the rate the pending
-    prompts arrived at."""
+    prompts arrived at.
+
+    With QoS classes and qos_policy "deadline" the decodes still come first, all of
+    them; the step's time limit is the tightest of the running decodes' next-token
+    deadlines (and tbt_slo, if set), sized as above; the prefills in progress and the
+    waiting requests go in one order, by deadline.DeadlineOrder (relegated requests
+    last); a newcomer may be left partial while fewer than max_partial_prefills partial
+    prompts rank ahead of it (those behind it wait, holding their blocks)."""
 
     name = "sarathi"
     adaptive = True
@@ -52,12 +61,16 @@ class SarathiScheduler(Scheduler):
         decodes, prefills = self._split_running()
         self._schedule_decodes(b, decodes)
         cfg = self.config
+        order = self._deadline_order(b, prefills) if cfg.deadline_aware else None
         keep = 0
-        if cfg.tbt_slo is not None:
+        if cfg.needs_step_time_model:
             past_prompt = self._decodes()  # in flight or not
             self._size_budget(b, prefills, past_prompt)
             # Blocks kept free for the decodes' next steps (see _decode_need).
             keep = self._decode_need(past_prompt)
+        if order is not None:
+            self._fill_by_deadline(b, order, keep)
+            return
         # Prompts that will still be partial after this step (in-flight ones counted
         # as partial, conservatively); a newcomer may only add to these within limits.
         num_partial = sum(1 for r in self._running.values()
@@ -82,6 +95,48 @@ class SarathiScheduler(Scheduler):
                 num_partial += 1
             self._admit(b, n)
 
+    def _deadline_order(self, b: StepBuilder, prefills: list[Request]) -> DeadlineOrder:
+        """Relegate the requests that can no longer make their first token, and sort
+        `prefills` and the waiting queue in place by the order's key."""
+        plan = b.plan
+        decode_kv = plan.num_decode_tokens + sum(e.start_pos for e in plan.entries)
+        order = DeadlineOrder(self.step_time_model, self._now, self.config.qos_srpf_weight,  # type: ignore[arg-type]
+                              self.config.token_budget, plan.num_decode_tokens, decode_kv)
+        pending = sorted(itertools.chain(prefills, self._waiting), key=order.key)
+        plan.relegated.extend(r.request_id for r in order.relegate(pending))
+        prefills.sort(key=order.key)
+        self._waiting = deque(sorted(self._waiting, key=order.key))
+        return order
+
+    def _fill_by_deadline(self, b: StepBuilder, order: DeadlineOrder, keep: int) -> None:
+        """Prefills in progress and newcomers in one order (by `order.key`): the waiting
+        queue is sorted by the same key, so each newcomer met is the queue's head."""
+        cfg = self.config
+        _, prefills = self._split_running()
+        # In-flight partial prompts rank ahead of everything (conservatively, as above).
+        ahead = sum(1 for r in self._running.values() if r.in_flight and r.num_computed < r.prefill_target)
+        admitting = b.admission_open
+        for req in sorted(itertools.chain(prefills, self._waiting), key=order.key):
+            if b.budget_left <= 0:
+                return
+            if req.status is RequestStatus.RUNNING:
+                n = self._prefill_chunk(b, req, self._cap(req), keep)
+                if n > 0:
+                    self._run_prefill(b, req, n)
+                ahead += n < req.prefill_target - req.num_computed  # still partial after this step
+                continue
+            if not admitting or len(self._running) >= cfg.max_num_seqs or self._waiting[0] is not req:
+                admitting = False
+                continue
+            head = self._waiting_head()
+            n = self._prefill_chunk(b, head, self._cap(head), max(keep, self._admit_keep_free()))
+            partial = n < head.prefill_left
+            if n <= 0 or (partial and ahead >= cfg.max_partial_prefills):
+                admitting = False
+                continue
+            self._admit(b, n)
+            ahead += partial
+
     def _size_budget(self, b: StepBuilder, prefills: list[Request], decodes: list[Request]) -> None:
         """Set the step's budget from the step-time model. Decodes are never dropped;
         a step with no prefill work to do keeps exactly its decodes (no padding).
@@ -96,7 +151,10 @@ class SarathiScheduler(Scheduler):
         decode_kv = num_decodes + sum(e.start_pos for e in plan.entries)
         context = head.num_computed if head is not None else 0
         quantum = cfg.tile_size or 1
-        model, limit = self.step_time_model, cfg.tbt_slo * (1 - cfg.slo_margin)  # type: ignore[operator]
+        limit = cfg.tbt_slo if cfg.tbt_slo is not None else float("inf")
+        if cfg.deadline_aware:
+            limit = min(limit, step_limit((r for r in b.reqs if not r.is_prefill), self._now))
+        model, limit = self.step_time_model, limit * (1 - cfg.slo_margin)
         pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
         if self._cache_binds():
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]

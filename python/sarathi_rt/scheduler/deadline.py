@@ -1,0 +1,65 @@
+"""The deadline policy's per-step decisions (qos_policy "deadline"): the step's time
+limit from the running decodes' deadlines, the order of the pending prefills, and which
+requests can no longer make their first-token deadline (relegation)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from .request import Request
+from sarathi_rt.step_time.shape import StepShape, StepTimeModel
+
+
+class DeadlineOrder:
+    """Built once per step, at `now`, after the decodes are in the plan.
+
+    `seconds_per_token`: what one prefill token costs when a full step (token_budget
+    tokens, the decodes among them) runs: an optimistic rate, so a request is relegated
+    only when even the best case misses its deadline."""
+
+    __slots__ = ("now", "weight", "seconds_per_token")
+
+    def __init__(self, model: StepTimeModel, now: float, weight: float, token_budget: int,
+                 num_decodes: int, decode_kv: int) -> None:
+        self.now, self.weight = now, weight
+        prefill = max(1, token_budget - num_decodes)
+        step = model.predict_shape(StepShape.hybrid(prefill, 0, num_decodes, decode_kv))
+        self.seconds_per_token = step / prefill
+
+    def key(self, req: Request) -> tuple[bool, float, int]:
+        """Relegated requests last; then the next token's deadline plus `weight` times
+        the remaining prefill's seconds (EDF at 0, leaning to shortest-remaining-first
+        as it grows); then arrival."""
+        left = req.prefill_target - req.num_computed
+        return (req.relegated, req.next_deadline() + self.weight * left * self.seconds_per_token, req.arrival)
+
+    def relegate(self, ordered: Iterable[Request]) -> list[Request]:
+        """Walk `ordered` (by key) and relegate each request still waiting for its
+        first token that cannot get it in time even if the prefill work ranked ahead
+        of it and its own ran back to back from now at the full-step rate. Their work
+        then no longer counts against the requests behind them (a relegated request
+        runs after every other), which is what stops one late request from making
+        every later one late too. Returns the newly relegated."""
+        ahead, out = 0, []
+        for req in ordered:
+            if req.relegated:
+                continue
+            left = req.prefill_target - req.num_computed
+            if req.num_generated == 0 and self.now + (ahead + left) * self.seconds_per_token > req.next_deadline():
+                req.relegated = True
+                out.append(req)
+            else:
+                ahead += left
+        return out
+
+
+def step_limit(decodes: Iterable[Request], now: float) -> float:
+    """Seconds the step may take so that every decode in it that is not relegated gets
+    its next token by its cumulative deadline: the tightest of (deadline - now). A decode
+    already behind gets its class's tbt instead (it can only keep pace now; a limit
+    below one decode step would starve every prefill). inf without such decodes."""
+    limit = math.inf
+    for req in decodes:
+        if req.qos_class is not None and not req.relegated:
+            limit = min(limit, max(req.next_deadline() - now, req.qos_class.tbt))
+    return limit

@@ -1,0 +1,210 @@
+"""QoS classes in the scheduler: validation, the FCFS baseline's exact equivalence, and
+the deadline policy's properties (decodes never starved, every request finishes, the
+prefill order is starvation-free, relegation, preemption preferences)."""
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sarathi_rt.scheduler import QoSClass, SchedulerConfig, create_scheduler
+from sarathi_rt.sim import simulate
+from sarathi_rt.sim.cost import LinearCostModel
+from sarathi_rt.step_time.shape import StepShape
+from sarathi_rt.workloads import RequestSpec
+
+CLASSES = {"chat": QoSClass(ttft=0.5, tbt=0.05, priority=1), "batch": QoSClass(ttft=20.0, tbt=1.0)}
+COST = LinearCostModel(fixed_s=0.01, per_token_s=1e-4)
+
+
+# ------------------------------------------------------------------ validation
+@pytest.mark.parametrize("field,value", [("ttft", 0), ("ttft", -1.0), ("tbt", math.inf), ("tbt", math.nan),
+                                         ("ttft", True), ("tbt", "0.1")])
+def test_qos_class_rejects_bad_deadlines(field, value):
+    kwargs = {"ttft": 1.0, "tbt": 0.1, field: value}
+    with pytest.raises(ValueError, match=field):
+        QoSClass(**kwargs)
+
+
+def test_qos_class_cumulative_deadlines():
+    c = QoSClass(ttft=1.0, tbt=0.1)
+    assert c.deadline(10.0, 0) == 11.0 and c.deadline(10.0, 3) == pytest.approx(11.3)
+    # gaps of 0.55 s and 0.13 s against a tbt of 0.1 s: the early first token made room
+    assert c.attained(0.0, [0.5, 1.05, 1.18], finished=True)
+    assert not c.attained(0.0, [0.5, 1.05, 1.25], finished=True)
+    assert not c.attained(0.0, [0.5], finished=False)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"default_qos": "chat"}, "default_qos 'chat' needs qos_classes"),
+    ({"qos_classes": CLASSES, "default_qos": "gold"}, "default_qos must be one of"),
+    ({"qos_classes": {}}, "qos_classes must be a non-empty"),
+    ({"qos_classes": {"chat": {"ttft": 1.0}}}, r"qos_classes\['chat'\] needs keys ttft and tbt"),
+    ({"qos_classes": {"chat": {"ttft": -1.0, "tbt": 0.1}}}, r"qos_classes\['chat'\]: ttft must be"),
+    ({"qos_classes": CLASSES, "qos_policy": "edf"}, "qos_policy must be one of"),
+    ({"qos_classes": CLASSES, "qos_srpf_weight": -1.0}, "qos_srpf_weight"),
+    ({"qos_classes": CLASSES, "policy": "vllm", "token_budget": 4096}, "qos_policy 'deadline' is not supported"),
+])
+def test_config_rejects_bad_qos(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SchedulerConfig(**kwargs)
+
+
+def test_config_accepts_class_dicts_and_fcfs_on_any_policy():
+    cfg = SchedulerConfig(qos_classes={"chat": {"ttft": 1, "tbt": 0.1}}, qos_policy="fcfs", policy="vllm",
+                          token_budget=4096)
+    assert cfg.qos_classes["chat"] == QoSClass(1, 0.1) and not cfg.deadline_aware
+    assert not cfg.needs_step_time_model
+    assert SchedulerConfig(qos_classes=CLASSES).needs_step_time_model
+
+
+def test_add_request_rejects_bad_classes_and_keeps_serving():
+    s = create_scheduler(SchedulerConfig(qos_classes=CLASSES), COST)
+    with pytest.raises(ValueError, match="qos must be one of"):
+        s.add_request("a", 10, 5, qos="gold", arrival_time=0.0)
+    with pytest.raises(ValueError, match="qos is required"):
+        s.add_request("a", 10, 5, arrival_time=0.0)
+    with pytest.raises(ValueError, match="arrival_time"):
+        s.add_request("a", 10, 5, qos="chat", arrival_time=math.nan)
+    with pytest.raises(ValueError, match="no qos_classes"):
+        create_scheduler(SchedulerConfig()).add_request("a", 10, 5, qos="chat")
+    with pytest.raises(ValueError, match="step_time_model is required"):
+        create_scheduler(SchedulerConfig(qos_classes=CLASSES))
+    s.add_request("a", 10, 2, qos="chat", arrival_time=0.0)
+    assert s.request_info("a").qos == "chat"
+    while s.has_unfinished():
+        s.update(s.schedule(now=0.0))
+
+
+# ------------------------------------------------------- random traffic driver
+request_st = st.tuples(st.floats(0, 2), st.integers(1, 600), st.integers(1, 30), st.sampled_from(["chat", "batch"]))
+scenario_st = st.fixed_dictionaries({
+    "requests": st.lists(request_st, min_size=1, max_size=14),
+    "token_budget": st.sampled_from([64, 256]),
+    "num_blocks": st.integers(40, 120),
+    "tile_size": st.sampled_from([None, 32]),
+    "max_partial_prefills": st.integers(1, 2),
+    "depth": st.sampled_from([1, 2]),
+    "weight": st.sampled_from([0.0, 1.0, 50.0]),
+})
+
+
+def drive(cfg, requests, depth=1, with_classes=True):
+    """Run `requests` (arrival s, prompt, max_new, class) on a clock that advances by
+    the cost model's step time; returns the plans (as tuples) and per-step checks."""
+    sched = create_scheduler(cfg, COST if cfg.needs_step_time_model else None)
+    todo = sorted(enumerate(requests), key=lambda x: (x[1][0], x[0]))
+    now, pending, plans, finished = 0.0, [], [], []
+    while todo or sched.has_unfinished() or pending:
+        assert len(plans) < 20_000, "no progress"
+        while todo and todo[0][1][0] <= now:
+            rid, (t, prompt, max_new, qos) = todo.pop(0)
+            sched.add_request(rid, prompt, max_new, qos=qos if with_classes else None, arrival_time=t)
+        in_flight = {e.request_id for p in pending for e in p.entries}
+        idle_decodes = {rid for rid in range(len(requests)) if rid not in in_flight and _is_decode(sched, rid)}
+        plan = sched.schedule(now)
+        ids = {e.request_id for e in plan.entries}
+        assert not idle_decodes - ids - set(plan.preempted), "a running decode was left out"
+        assert plan.num_tokens <= cfg.token_budget
+        plans.append(tuple((e.request_id, e.start_pos, e.num_tokens) for e in plan.entries))
+        pending.append(plan)
+        now += COST.predict_shape(StepShape.of_plan(plan)) if plan.entries else 0.05
+        while pending and (len(pending) >= depth or plan.is_empty):
+            finished += sched.update(pending.pop(0))
+    assert sorted(finished) == list(range(len(requests)))
+    assert sched.num_free_blocks == cfg.num_blocks
+    return plans, sched
+
+
+def _is_decode(sched, rid):
+    try:
+        info = sched.request_info(rid)
+    except KeyError:
+        return False
+    return info.status.value == "running" and info.num_computed >= info.num_prompt_tokens + info.num_generated
+
+
+def _config(sc, **kw):
+    return SchedulerConfig(token_budget=sc["token_budget"], num_blocks=sc["num_blocks"], max_num_seqs=16,
+                           tile_size=sc["tile_size"], max_partial_prefills=sc["max_partial_prefills"], **kw)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenario_st)
+def test_fcfs_qos_schedules_exactly_as_without_classes(sc):
+    plain, _ = drive(_config(sc), sc["requests"], sc["depth"], with_classes=False)
+    fcfs, _ = drive(_config(sc, qos_classes=CLASSES, qos_policy="fcfs"), sc["requests"], sc["depth"])
+    assert fcfs == plain
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenario_st)
+def test_deadline_policy_never_starves_a_decode_and_finishes_everyone(sc):
+    drive(_config(sc, qos_classes=CLASSES, qos_srpf_weight=sc["weight"]), sc["requests"], sc["depth"])
+
+
+# ----------------------------------------------------------- order and relegation
+def _sim(requests, **kw):
+    cfg = SchedulerConfig(token_budget=512, max_num_seqs=64, num_blocks=4096, qos_classes=CLASSES, **kw)
+    specs = [RequestSpec(i, t, p, d, qos=q) for i, (t, p, d, q) in enumerate(requests)]
+    return simulate(specs, cfg, COST)
+
+
+def test_chat_prompt_overtakes_a_long_batch_prefill():
+    # A 20k-token batch prompt arrives first; a chat prompt 0.1 s later.
+    reqs = [(0.0, 20_000, 4, "batch"), (0.1, 200, 4, "chat")]
+    fcfs, dl = _sim(reqs, qos_policy="fcfs"), _sim(reqs)
+    assert fcfs.requests[1].ttft > CLASSES["chat"].ttft  # FCFS: stuck behind the batch prompt
+    assert dl.requests[1].ttft <= CLASSES["chat"].ttft
+    assert dl.requests[0].ttft <= CLASSES["batch"].ttft  # the batch prompt still makes its own
+
+
+@pytest.mark.parametrize("weight", [0.0, 1.0, 1e4])
+def test_prefill_order_is_starvation_free(weight):
+    """Adversarial for shortest-remaining-first: a long batch prompt, then an endless
+    stream of short chat prompts (about 60% of the capacity) each of which is shorter
+    and due sooner. The long prompt's key is fixed while each newcomer's grows with its
+    arrival, so the long prompt's turn comes; and if it is relegated, the stream leaves
+    budget over. Either way it finishes, within a bound."""
+    per_step_tokens, step_s = 512, COST.predict_shape(StepShape(num_prefill_tokens=512))
+    rate = 0.6 * per_step_tokens / step_s / 256  # short prompts per second at 60% load
+    reqs = [(0.0, 8000, 2, "batch")] + [(0.01 + i / rate, 256, 1, "chat") for i in range(int(60 * rate))]
+    res = _sim(reqs, qos_srpf_weight=weight)
+    long = res.requests[0]
+    assert long.finish_time is not None
+    key = CLASSES["batch"].ttft + weight * 8000 * step_s / per_step_tokens
+    # its own prefill at the 40% of the steps the stream leaves, after its key is reached
+    bound = key + 8000 / (0.4 * per_step_tokens) * step_s + 1.0
+    assert long.ttft <= bound, (long.ttft, bound)
+    assert all(r.finish_time is not None for r in res.requests)
+
+
+def test_hopeless_requests_are_relegated_served_last_and_reported():
+    # 40 chat prompts at once, each 2000 tokens: about 16 fit in the 0.5 s deadline.
+    reqs = [(0.0, 2000, 2, "chat") for _ in range(40)]
+    res = _sim(reqs)
+    relegated = [r for r in res.requests if r.relegated]
+    kept = [r for r in res.requests if not r.relegated]
+    assert relegated and kept and all(r.finish_time is not None for r in res.requests)  # never dropped
+    assert max(r.first_token_time for r in kept) <= min(r.first_token_time for r in relegated)
+    summary = res.summary().qos["chat"]
+    assert summary.relegated == len(relegated) and summary.num_requests == 40
+    assert summary.attainment >= len(kept) / 40 * 0.9
+    fcfs = _sim(reqs, qos_policy="fcfs").summary().qos["chat"]
+    assert summary.attainment > fcfs.attainment  # FCFS makes the late ones make everyone late
+
+
+def test_preemption_takes_relegated_and_slack_requests_first():
+    cfg = SchedulerConfig(token_budget=64, max_num_seqs=8, block_size=4, num_blocks=16, watermark=0.0,
+                          qos_classes=CLASSES)
+    s = create_scheduler(cfg, COST)
+    s.add_request("batch", 20, 30, qos="batch", arrival_time=0.0)
+    s.add_request("chat", 20, 30, qos="chat", arrival_time=0.0)
+    preempted, now = [], 0.0
+    while s.has_unfinished():
+        plan = s.schedule(now)
+        preempted += plan.preempted
+        s.update(plan)
+        now += 0.02
+    # Both need 13 blocks of 16: the chat request (newest, tighter) keeps its blocks.
+    assert preempted and set(preempted) == {"batch"}
