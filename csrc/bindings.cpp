@@ -104,7 +104,7 @@ HybridAttentionParams attention_params(uintptr_t q, uintptr_t out, uintptr_t k_c
   return p;
 }
 
-// max_items, max_merges, max_partials, num_ctas (workers), kernel (AttentionKernel)
+// max_items, max_merges, max_partial_rows, num_ctas (workers), kernel (AttentionKernel)
 using CapacityTuple = std::array<int64_t, 5>;
 
 AttentionPlanCapacity make_capacity(const CapacityTuple& c) {
@@ -224,14 +224,15 @@ py::tuple plan_capacity(int64_t max_batch, int64_t max_tokens, int64_t num_q_hea
   const AttentionKernel k = make_capacity({0, 0, 0, num_ctas, kernel}).kernel;
   const AttentionPlanCapacity c =
       attention_plan_capacity(max_batch, max_tokens, num_q_heads, num_kv_heads, attention_target(k, num_ctas));
-  return py::make_tuple(c.max_items, c.max_merges, c.max_partials, c.num_ctas, static_cast<int64_t>(c.kernel),
+  return py::make_tuple(c.max_items, c.max_merges, c.max_partial_rows, c.num_ctas, static_cast<int64_t>(c.kernel),
                         c.total_words());
 }
 
 py::dict plan_stats(uintptr_t buffer, CapacityTuple capacity) {
   const AttentionPlanStats s = attention_plan_stats(ptr<const int32_t>(buffer), make_capacity(capacity));
   return py::dict(py::arg("num_items") = s.num_items, py::arg("num_splits") = s.num_splits,
-                  py::arg("num_partials") = s.num_partials, py::arg("max_load") = s.max_load,
+                  py::arg("num_partials") = s.num_partials, py::arg("partial_rows") = s.partial_rows,
+                  py::arg("max_load") = s.max_load,
                   py::arg("total_load") = s.total_load);
 }
 
@@ -406,7 +407,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("attention_plan_capacity", &plan_capacity, py::arg("max_batch"), py::arg("max_tokens"),
         py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("num_ctas"), py::arg("kernel"),
-        "(max_items, max_merges, max_partials, num_ctas, kernel, total_words) of a hybrid-attention plan.");
+        "(max_items, max_merges, max_partial_rows, num_ctas, kernel, total_words) of a hybrid-attention plan.");
   m.def("attention_plan_stats", &plan_stats, py::arg("buffer"), py::arg("capacity"),
         "Per-worker loads of a built plan under the planner's cost model.");
   m.def("cpu_attention_workers", &cpu_attention_workers, "Default worker bins of a CPU attention plan.");
@@ -427,6 +428,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("keys_per_chunk") = kKeysPerChunk, py::arg("min_split_chunks") = kMinSplitChunks,
       py::arg("cpu_direct_rows") = kCpuDirectRows, py::arg("cpu_min_split_chunks") = kCpuMinSplitChunks,
       py::arg("max_pieces_per_worker") = kMaxPiecesPerWorker,
+      py::arg("partial_rows_per_worker") = kPartialRowsPerWorker,
       py::arg("kernel_cuda") = static_cast<int>(AttentionKernel::kCuda),
       py::arg("kernel_cpu") = static_cast<int>(AttentionKernel::kCpu));
 

@@ -7,6 +7,7 @@ import torch
 
 from sarathi_rt import ops
 from sarathi_rt.ops import reference
+from sarathi_rt.ops.attention_plan import ITEM_FIELDS
 
 # (q_len, kv_len) per request; lengths 1, 17, 37, 577 as decodes and as chunks.
 MIXED = [(1, 577), (17, 17), (1, 1), (37, 614), (1, 37), (577, 577), (1, 17)]
@@ -110,3 +111,21 @@ def assert_strictly_close(got: torch.Tensor, batch: PagedBatch, scale: float | N
     assert torch.isfinite(got).all()
     assert (err <= tol).all(), (f"error {err.flatten()[worst].item():.3g} over tolerance "
                                 f"{tol.flatten()[worst].item():.3g} at flat index {worst}")
+
+
+def move_last_split(plan: ops.AttentionPlan, request: int, key: int) -> None:
+    """Moves the boundary between the last two pieces of each split tile of `request` to
+    `key`, in place. Even splits never leave a piece that a row of its tile cannot see
+    (pieces are longer than a tile's causal spread), so tests of that merge case make one."""
+    items = plan.work_items()
+    pieces = [i for i, row in enumerate(items.tolist()) if row[ITEM_FIELDS.index("partial")] >= 0
+              and row[ITEM_FIELDS.index("request")] == request]
+    begin, end = ITEM_FIELDS.index("kv_begin"), ITEM_FIELDS.index("kv_end")
+    by_tile: dict[tuple[int, int], list[int]] = {}
+    for i in pieces:
+        row = items[i].tolist()
+        by_tile.setdefault((row[ITEM_FIELDS.index("kv_head")], row[ITEM_FIELDS.index("row_begin")]), []).append(i)
+    for group in by_tile.values():
+        group.sort(key=lambda i: int(items[i, begin]))
+        items[group[-2], end] = key
+        items[group[-1], begin] = key

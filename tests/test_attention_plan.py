@@ -13,7 +13,7 @@ from sarathi_rt import _C, ops
 from sarathi_rt.ops import reference
 from sarathi_rt.ops.attention_plan import ITEM_FIELDS, KERNELS, LAYOUT, MERGE_FIELDS, NARROW, WIDE
 
-from attention_batches import GRIDS, make_batch
+from attention_batches import GRIDS, make_batch, move_last_split
 
 CHUNK = LAYOUT["keys_per_chunk"]
 NARROW_ROWS = {"cuda": LAYOUT["narrow_rows"], "cpu": LAYOUT["cpu_direct_rows"]}
@@ -37,7 +37,19 @@ def _merges(plan: ops.AttentionPlan) -> list[dict[str, int]]:
 
 
 def _cost(item: dict[str, int]) -> int:
-    return math.ceil((item["kv_end"] - item["kv_begin"]) / CHUNK) * (2 if item["kind"] == WIDE else 1) + 1
+    """The CUDA cost model (attention_plan.h): per chunk 3 (narrow) or 6 (wide), plus 3 per item."""
+    return math.ceil((item["kv_end"] - item["kv_begin"]) / CHUNK) * (6 if item["kind"] == WIDE else 3) + 3
+
+
+def _rows(entry: dict[str, int]) -> int:
+    """Partial rows of one piece: its rows for each of its KV heads."""
+    return entry["num_heads"] * entry["num_rows"]
+
+
+def _partial_row(start: int, entry: dict[str, int], h: int, r: int) -> int:
+    """Pool row of head h, row r of a piece (or merge) whose rows start at `start`."""
+    return start + (h - entry["kv_head"]) * entry["num_rows"] + r
+
 
 
 # Block size only moves pages around, so it alternates with the grid size and kernel.
@@ -60,8 +72,8 @@ def test_every_row_is_planned_once_with_all_its_keys(grid: str, group: int, bloc
         assert it["causal_offset"] == kv_len - q_len
         assert it["num_rows"] <= (NARROW_ROWS[kernel] if narrow else 64)
         assert it["kind"] == (NARROW if narrow else WIDE)
-        # The CPU kernel reads a decode's keys as whole token rows: one item for every KV head.
-        assert it["num_heads"] == (num_kv_heads if narrow and kernel == "cpu" else 1)
+        # CUDA tiles hold one KV head; CPU decode items may carry several (the planner picks).
+        assert it["num_heads"] == 1 or (narrow and kernel == "cpu" and num_kv_heads % it["num_heads"] == 0)
         assert it["kv_begin"] % CHUNK == 0 and it["kv_begin"] < it["kv_end"]
         for h in _heads(it):
             for r in range(it["row_begin"], it["row_begin"] + it["num_rows"]):
@@ -77,9 +89,10 @@ def test_every_row_is_planned_once_with_all_its_keys(grid: str, group: int, bloc
         ranges.sort()
         assert ranges[0][0] == 0 and ranges[-1][1] >= visible  # keys [0, visible) in order,
         assert all(a[1] == b_[0] for a, b_ in zip(ranges, ranges[1:]))  # each exactly once
-    split_items = [it for it in items if it["partial"] >= 0]
-    assert sorted(it["partial"] for it in split_items) == list(range(plan.num_partials))
-    assert sum(m["num_partials"] for m in merges) == plan.num_partials
+    # Pieces tile the partial pool exactly: each owns num_heads * num_rows rows, none shared.
+    pool = sorted((it["partial"], _rows(it)) for it in items if it["partial"] >= 0)
+    assert [start for start, _ in pool] == [sum(n for _, n in pool[:i]) for i in range(len(pool))]
+    assert sum(n for _, n in pool) == plan.partial_rows == sum(m["num_partials"] * _rows(m) for m in merges)
 
 
 def test_small_batches_are_split_to_fill_the_grid() -> None:
@@ -97,20 +110,33 @@ def test_split_pieces_are_near_equal_and_chunk_aligned() -> None:
     batch = make_batch([(1, 5000), (1, 3000)], num_kv_heads=2, group=8)
     plan = _plan(batch, num_ctas=16)
     for m in _merges(plan):
-        pieces = [it for it in _items(plan) if m["first_partial"] <= it["partial"] < m["first_partial"]
-                  + m["num_partials"]]
-        lengths = sorted(it["kv_end"] - it["kv_begin"] for it in pieces)
-        assert all(length % CHUNK == 0 for length in lengths[1:])  # only the tail piece is ragged
-        assert lengths[-1] - lengths[1 if len(lengths) > 1 else 0] == 0
-        assert lengths[0] <= lengths[-1]
+        pieces = sorted((it for it in _items(plan) if m["first_partial"] <= it["partial"] < m["first_partial"]
+                         + m["num_partials"] * _rows(m)), key=lambda it: it["kv_begin"])
+        assert len(pieces) == m["num_partials"]
+        chunks = [math.ceil((it["kv_end"] - it["kv_begin"]) / CHUNK) for it in pieces]
+        assert all(it["kv_begin"] % CHUNK == 0 for it in pieces)
+        assert max(chunks) - min(chunks) <= 1  # whole chunks, spread evenly
 
 
-def test_many_tiles_are_not_split_and_the_ctas_are_balanced() -> None:
+def _lpt_max_load(costs: list[int], workers: int) -> int:
+    loads = [0] * workers
+    for c in sorted(costs, reverse=True):
+        loads[loads.index(min(loads))] += c
+    return max(loads)
+
+
+def test_many_tiles_are_balanced_and_split_only_where_that_lowers_the_max_load() -> None:
     batch = make_batch([(1, 700 + 37 * i) for i in range(40)] + [(200, 900)], num_kv_heads=4, group=4)
     plan = _plan(batch, num_ctas=32)
     items = _items(plan)
-    assert plan.num_merges == 0 and all(it["partial"] == -1 for it in items)
     assert plan.stats()["load_efficiency"] >= 0.95
+    # The unsplit tiles: whole items, and each split tile rebuilt from its pieces.
+    tiles = [_cost(it) for it in items if it["partial"] < 0]
+    for m in _merges(plan):
+        pieces = [it for it in items if m["first_partial"] <= it["partial"] < m["first_partial"]
+                  + m["num_partials"] * _rows(m)]
+        tiles.append(_cost({**pieces[0], "kv_begin": 0, "kv_end": max(it["kv_end"] for it in pieces)}))
+    assert plan.num_merges == 0 or plan.stats()["max_load"] < _lpt_max_load(tiles, 32)
     ranges = plan.cta_ranges().tolist()
     assert ranges[0] == 0 and ranges[-1] == len(items)
     loads = [sum(_cost(it) for it in items[a:b]) for a, b in zip(ranges, ranges[1:])]
@@ -147,11 +173,12 @@ def _run_plan_float64(plan: ops.AttentionPlan, batch, scale: float) -> torch.Ten
                 if it["partial"] < 0:
                     out[token, head] = o
                 else:
-                    partials[(it["partial"], h, r)] = o, lse
+                    partials[_partial_row(it["partial"], it, h, r)] = o, lse
     for m in _merges(plan):
         for h in _heads(m):
             for r in range(m["num_rows"]):
-                pieces = [partials[(s, h, r)] for s in range(m["first_partial"], m["first_partial"] + m["num_partials"])]
+                pieces = [partials[_partial_row(m["first_partial"], m, h, r) + s * _rows(m)]
+                          for s in range(m["num_partials"])]
                 lses = torch.tensor([lse for _, lse in pieces], dtype=torch.float64)
                 w = torch.exp2(lses - lses.max())
                 flat = m["row_begin"] + r
@@ -180,7 +207,7 @@ def test_float64_model_covers_skewed_splits(kernel: str) -> None:
     (CPU) pieces of items that span every KV head."""
     lengths = [(1, 40), (1, 3000), (1, 75), (2, 2200), (12, 1100), (1, 1)]
     batch = make_batch(lengths, group=4, block_size=17, head_dim=8, num_kv_heads=2)
-    plan = _plan(batch, num_ctas=6, kernel=kernel)
+    plan = _plan(batch, num_ctas=6 if kernel == "cuda" else 3, kernel=kernel)
     items = _items(plan)
     assert plan.num_merges >= 2 and max(it["kv_begin"] for it in items) >= 1024
     assert kernel == "cuda" or any(it["num_heads"] == 2 and it["partial"] >= 0 for it in items)
@@ -189,8 +216,8 @@ def test_float64_model_covers_skewed_splits(kernel: str) -> None:
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-# (kernel, lengths, workers): the last piece of the first request's tile starts past its
-# first query's causal limit (1280 keys of 1282 on CUDA; 17408 of 17409 on the CPU).
+# (kernel, lengths, workers): move_last_split makes the last piece of the first request's
+# tile start past its first query's causal limit (1279 keys of 1282; 17408 of 17409).
 FULLY_MASKED = [("cuda", [(4, 1282), (1, 30)], 64), ("cpu", [(2, 17409), (1, 30)], 64)]
 
 
@@ -199,6 +226,7 @@ FULLY_MASKED = [("cuda", [(4, 1282), (1, 30)], 64), ("cpu", [(2, 17409), (1, 30)
 def test_float64_model_covers_rows_fully_masked_in_a_split_piece(kernel: str, lengths, num_ctas: int) -> None:
     batch = make_batch(lengths, group=4, head_dim=8, num_kv_heads=2)
     plan = _plan(batch, num_ctas=num_ctas, kernel=kernel)
+    move_last_split(plan, 0, lengths[0][1] - lengths[0][0] + 1)
     assert any(it["partial"] >= 0 and it["causal_offset"] + 1 <= it["kv_begin"] for it in _items(plan))
     got = _run_plan_float64(plan, batch, scale=0.3)
     torch.testing.assert_close(got, reference.hybrid_attention(*batch.args(), scale=0.3), rtol=1e-12, atol=1e-12)

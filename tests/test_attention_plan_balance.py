@@ -44,8 +44,8 @@ def _batch(lengths: list[tuple[int, int]]) -> reference.PagedBatch:
 
 
 def _cuda_cost(item: dict[str, int]) -> int:
-    """The CUDA cost model: chunks streamed, twice for wide tiles, plus one per item."""
-    return math.ceil((item["kv_end"] - item["kv_begin"]) / CHUNK) * (2 if item["kind"] == WIDE else 1) + 1
+    """The CUDA cost model (attention_plan.h): per chunk 3 (narrow) or 6 (wide), plus 3 per item."""
+    return math.ceil((item["kv_end"] - item["kv_begin"]) / CHUNK) * (6 if item["kind"] == WIDE else 3) + 3
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,8 @@ def test_skewed_batches_keep_every_cta_near_its_share(name: str, shared_plan: op
     assert stats["load_efficiency"] >= 0.9, stats
     # No single item is longer than a CTA's share: long tiles were split.
     assert max(_cuda_cost(it) for it in items) <= 1.1 * stats["mean_load"]
-    assert stats["num_splits"] == plan.num_merges and stats["num_partials"] <= plan.capacity.max_partials
+    assert stats["num_splits"] == plan.num_merges and stats["partial_rows"] <= plan.capacity.max_partial_rows
+    assert stats["partial_bytes"] == stats["partial_rows"] * 4 * (plan.head_dim + 1)
 
 
 def test_the_long_context_is_split_and_uniform_decodes_fill_whole_waves() -> None:
@@ -98,7 +99,31 @@ def test_cpu_plans_balance_threads_the_same_way() -> None:
     stats = plan.stats()
     items = [dict(zip(ITEM_FIELDS, row)) for row in plan.work_items().tolist()]
     assert stats["num_workers"] == 4 and stats["load_efficiency"] >= 0.9
-    assert all(it["num_heads"] == 8 for it in items)  # decodes: every KV head in one item
+    assert all(8 % it["num_heads"] == 0 for it in items)  # decodes: the planner picks the heads per item
     pieces = [it for it in items if it["partial"] >= 0]
     assert len(pieces) >= 3 and all(it["request"] == 5 for it in pieces)
-    assert min(it["kv_end"] - it["kv_begin"] for it in pieces[:-1]) >= LAYOUT["cpu_min_split_chunks"] * CHUNK
+    assert min(it["kv_end"] - it["kv_begin"] for it in pieces) >= LAYOUT["cpu_min_split_chunks"] * CHUNK
+    assert stats["partial_capacity_bytes"] == 0 and stats["partial_bytes"] > 0  # allocated per call
+
+
+def test_cpu_plans_split_kv_heads_where_keys_cannot_be() -> None:
+    """One decode too short to cut into key ranges (< 2 x 1024 keys) still fills the
+    workers: its KV heads go to separate items, with no merge."""
+    batch = _batch([(1, 1500)])
+    plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 32,
+                              num_ctas=4, kernel="cpu")
+    items = [dict(zip(ITEM_FIELDS, row)) for row in plan.work_items().tolist()]
+    assert len(items) == 4 and all(it["num_heads"] == 2 and it["partial"] < 0 for it in items)
+    assert plan.stats()["load_efficiency"] == 1.0
+
+
+def test_a_single_short_decode_is_planned_fast_and_reported_honestly() -> None:
+    """Nothing can fill 528 CTAs with one 16-key decode: one item per KV head, and stats()
+    says so instead of hiding it."""
+    batch = _batch([(1, 16)])
+    plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 32,
+                              num_ctas=528, kernel="cuda")
+    stats = plan.stats()
+    assert stats["num_items"] == 8 and stats["num_splits"] == 0 and stats["partial_rows"] == 0
+    assert stats["max_load"] == _cuda_cost({"kv_begin": 0, "kv_end": 16, "kind": 0})
+    assert stats["load_efficiency"] == pytest.approx(8 / 528)

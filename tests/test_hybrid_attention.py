@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from sarathi_rt import ops
 
-from attention_batches import (PagedBatch, assert_strictly_close, make_batch, poison_chunk_keys,
+from attention_batches import (PagedBatch, assert_strictly_close, make_batch, move_last_split, poison_chunk_keys,
                                poison_unowned_slots, reference_and_tolerance)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -118,6 +118,7 @@ def test_rows_fully_masked_in_a_split_piece() -> None:
     batch = poison_unowned_slots(make_batch([(2, 17409), (1, 40)], num_kv_heads=2, group=4, head_dim=32))
     plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 8,
                               num_ctas=64)
+    move_last_split(plan, 0, 17408)  # even splits never leave such a piece: make one
     items = plan.work_items().tolist()
     fields = dict(zip(ops.attention_plan.ITEM_FIELDS, range(len(ops.attention_plan.ITEM_FIELDS))))
     masked = [it for it in items if it[fields["partial"]] >= 0 and it[fields["request"]] == 0

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <queue>
 #include <string>
 #include <utility>
@@ -15,9 +16,17 @@
 namespace sarathi_rt {
 namespace {
 
-// Splitting stops once the longest worker is within this factor of the mean: more pieces
-// would buy little and cost merges.
-constexpr double kGoodEnough = 0.95;
+// Piece sizes tried: total / (k * workers). Dense where a few more pieces per worker
+// change the wave count a lot, sparse beyond.
+constexpr int64_t kPieceSteps[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64};
+
+// The search stops once the costliest worker is within 1% of the mean: a finer split
+// could gain less than that and costs planning time, merges and partial memory.
+constexpr double kGoodEnough = 0.99;
+
+bool good_enough(int64_t max_load, int64_t total_load, int64_t workers) {
+  return static_cast<double>(total_load) >= kGoodEnough * static_cast<double>(workers) * static_cast<double>(max_load);
+}
 
 Status too_small(const char* what, int64_t needed, int64_t capacity) {
   return Status::Invalid(std::string("this batch needs ") + std::to_string(needed) + " " + what +
@@ -33,7 +42,8 @@ int64_t item_cost(const AttentionTarget& t, const AttentionWorkItem& w) {
   return ceil_div(w.kv_end - w.kv_begin, t.key_chunk) * chunk_cost(t, w) + t.item_cost;
 }
 
-std::vector<AttentionWorkItem> make_tiles(const AttentionPlanInputs& in, const AttentionTarget& t) {
+// Narrow tiles carry `heads` KV heads each (heads divides num_kv_heads); wide tiles one.
+std::vector<AttentionWorkItem> make_tiles(const AttentionPlanInputs& in, const AttentionTarget& t, int64_t heads) {
   const int64_t num_kv_heads = in.layout.num_kv_heads;
   const int64_t group = in.num_q_heads / num_kv_heads;
   std::vector<AttentionWorkItem> tiles;
@@ -44,15 +54,15 @@ std::vector<AttentionWorkItem> make_tiles(const AttentionPlanInputs& in, const A
     if (rows == 0) continue;
     const TileKind kind = rows <= t.narrow_rows ? TileKind::kNarrow : TileKind::kWide;
     const int64_t step = kind == TileKind::kNarrow ? t.narrow_rows : t.wide_rows;
-    const bool all_heads = kind == TileKind::kNarrow && t.narrow_spans_heads;
+    const int64_t item_heads = kind == TileKind::kNarrow ? heads : 1;
     const int64_t causal_offset = in.seqlens_k[b] - q_len;
-    for (int64_t h = 0; h < num_kv_heads; h += all_heads ? num_kv_heads : 1) {
+    for (int64_t h = 0; h < num_kv_heads; h += item_heads) {
       for (int64_t r = 0; r < rows; r += step) {
         const int64_t n = std::min(step, rows - r);
         const int64_t last_query = (r + n - 1) / group;
-        tiles.push_back({static_cast<int32_t>(b), static_cast<int32_t>(h),
-                         static_cast<int32_t>(all_heads ? num_kv_heads : 1), static_cast<int32_t>(q0),
-                         static_cast<int32_t>(causal_offset), static_cast<int32_t>(r), static_cast<int32_t>(n), 0,
+        tiles.push_back({static_cast<int32_t>(b), static_cast<int32_t>(h), static_cast<int32_t>(item_heads),
+                         static_cast<int32_t>(q0), static_cast<int32_t>(causal_offset), static_cast<int32_t>(r),
+                         static_cast<int32_t>(n), 0,
                          static_cast<int32_t>(num_visible_keys(in.seqlens_k[b], q_len, last_query)),
                          static_cast<int32_t>(kind), -1});
       }
@@ -63,23 +73,28 @@ std::vector<AttentionWorkItem> make_tiles(const AttentionPlanInputs& in, const A
 
 // One candidate work list and its assignment to the workers.
 struct Candidate {
-  std::vector<AttentionWorkItem> items;  // grouped by worker, each worker's longest first
+  std::vector<AttentionWorkItem> items;
   std::vector<AttentionMergeItem> merges;
-  std::vector<int32_t> worker_begin;     // [workers + 1]
-  int64_t num_partials = 0;
+  std::vector<int32_t> worker_of;  // per item, after assign_to_workers
+  int64_t partial_rows = 0;
   int64_t max_load = 0;
   int64_t total_load = 0;
-  double efficiency() const {
-    const int64_t workers = static_cast<int64_t>(worker_begin.size()) - 1;
-    return max_load == 0 ? 1.0 : static_cast<double>(total_load) / (static_cast<double>(workers) * max_load);
+
+  // Lower max load first; then fewer partial rows (less memory, fewer merges); then fewer items.
+  bool better_than(const Candidate& o) const {
+    if (max_load != o.max_load) return max_load < o.max_load;
+    if (partial_rows != o.partial_rows) return partial_rows < o.partial_rows;
+    return items.size() < o.items.size();
   }
 };
 
-// Cuts every tile that costs more than `piece_cost` into near-equal chunk-aligned key
-// ranges (only the last one ragged), none shorter than min_split_chunks chunks. False
-// when the pieces would not fit the plan's capacity.
+// Cuts every tile that costs more than `piece_cost` into key ranges of near-equal whole
+// chunks (sizes differ by at most one chunk; the last one ends at the tile's last key),
+// none shorter than min_split_chunks chunks. False when the pieces would not fit the
+// plan's capacity.
 bool split_tiles(const std::vector<AttentionWorkItem>& tiles, const AttentionTarget& t, int64_t piece_cost,
                  const AttentionPlanCapacity& cap, Candidate& c) {
+  int64_t num_pieces = 0;
   for (const auto& tile : tiles) {
     const int64_t chunks = ceil_div(tile.kv_end, t.key_chunk);
     const int64_t pieces = std::min(ceil_div(item_cost(t, tile), piece_cost), chunks / t.min_split_chunks);
@@ -87,56 +102,71 @@ bool split_tiles(const std::vector<AttentionWorkItem>& tiles, const AttentionTar
       c.items.push_back(tile);
       continue;
     }
-    const int64_t piece_keys = ceil_div(chunks, pieces) * t.key_chunk;
-    const int32_t first = static_cast<int32_t>(c.num_partials);
-    for (int64_t k0 = 0; k0 < tile.kv_end; k0 += piece_keys) {
+    const int64_t rows = static_cast<int64_t>(tile.num_heads) * tile.num_rows;
+    num_pieces += pieces;
+    if (c.partial_rows + pieces * rows > cap.max_partial_rows || num_pieces > kMaxPiecesPerWorker * t.num_workers ||
+        static_cast<int64_t>(c.merges.size()) >= cap.max_merges) {
+      return false;
+    }
+    c.merges.push_back({tile.q_token0, tile.kv_head, tile.num_heads, tile.row_begin, tile.num_rows,
+                        static_cast<int32_t>(c.partial_rows), static_cast<int32_t>(pieces)});
+    for (int64_t i = 0; i < pieces; ++i) {
       AttentionWorkItem piece = tile;
-      piece.kv_begin = static_cast<int32_t>(k0);
-      piece.kv_end = static_cast<int32_t>(std::min<int64_t>(k0 + piece_keys, tile.kv_end));
-      piece.partial = static_cast<int32_t>(c.num_partials++);
+      piece.kv_begin = static_cast<int32_t>(i * chunks / pieces * t.key_chunk);
+      piece.kv_end = i + 1 == pieces ? tile.kv_end : static_cast<int32_t>((i + 1) * chunks / pieces * t.key_chunk);
+      piece.partial = static_cast<int32_t>(c.partial_rows);
+      c.partial_rows += rows;
       c.items.push_back(piece);
     }
-    c.merges.push_back({tile.q_token0, tile.kv_head, tile.num_heads, tile.row_begin, tile.num_rows, first,
-                        static_cast<int32_t>(c.num_partials - first)});
-    if (c.num_partials > cap.max_partials || static_cast<int64_t>(c.merges.size()) > cap.max_merges) return false;
   }
   return static_cast<int64_t>(c.items.size()) <= cap.max_items;
 }
 
-// Longest-processing-time-first onto the workers; each worker runs its items longest first.
-void assign_to_workers(const AttentionTarget& t, Candidate& c) {
-  std::vector<AttentionWorkItem>& items = c.items;
-  std::vector<int64_t> cost(items.size());
-  std::vector<size_t> order(items.size());
-  for (size_t i = 0; i < items.size(); ++i) {
-    cost[i] = item_cost(t, items[i]);
-    order[i] = i;
-  }
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
-  using Load = std::pair<int64_t, int64_t>;  // (load, worker): ties go to the lower index
+// Longest-processing-time-first onto the workers (ties go to the lower index). Gives up,
+// returning false, once a worker reaches `bound`: the candidate cannot beat the best one.
+bool assign_to_workers(const AttentionTarget& t, Candidate& c, int64_t bound) {
+  const std::vector<AttentionWorkItem>& items = c.items;
+  std::vector<std::pair<int64_t, int32_t>> order(items.size());  // (cost, item)
+  for (size_t i = 0; i < items.size(); ++i) order[i] = {item_cost(t, items[i]), static_cast<int32_t>(i)};
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  using Load = std::pair<int64_t, int64_t>;  // (load, worker)
   std::vector<Load> start(static_cast<size_t>(t.num_workers));
   for (int64_t w = 0; w < t.num_workers; ++w) start[static_cast<size_t>(w)] = {0, w};
   std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap(std::greater<Load>(), std::move(start));
-  std::vector<int64_t> worker_of(items.size());
-  std::vector<int32_t> count(static_cast<size_t>(t.num_workers), 0);
+  c.worker_of.assign(items.size(), 0);
   c.total_load = 0;
-  for (size_t i : order) {
+  c.max_load = 0;
+  for (const auto& [cost, i] : order) {
     auto [load, w] = heap.top();
     heap.pop();
-    worker_of[i] = w;
-    ++count[static_cast<size_t>(w)];
-    heap.push({load + cost[i], w});
-    c.total_load += cost[i];
-    c.max_load = std::max(c.max_load, load + cost[i]);
+    c.worker_of[static_cast<size_t>(i)] = static_cast<int32_t>(w);
+    heap.push({load + cost, w});
+    c.total_load += cost;
+    c.max_load = std::max(c.max_load, load + cost);
+    if (c.max_load >= bound) return false;
   }
-  c.worker_begin.assign(static_cast<size_t>(t.num_workers) + 1, 0);
-  for (int64_t w = 0; w < t.num_workers; ++w) {
-    c.worker_begin[static_cast<size_t>(w) + 1] = c.worker_begin[static_cast<size_t>(w)] + count[static_cast<size_t>(w)];
-  }
-  std::vector<int32_t> next(c.worker_begin.begin(), c.worker_begin.end() - 1);
-  std::vector<AttentionWorkItem> placed(items.size());
-  for (size_t i : order) placed[static_cast<size_t>(next[static_cast<size_t>(worker_of[i])]++)] = items[i];
-  items = std::move(placed);
+  return true;
+}
+
+// Writes the winner: items grouped by worker, each worker's longest first.
+void write_plan(const AttentionTarget& t, const Candidate& c, const AttentionPlanCapacity& cap, int32_t* buffer) {
+  std::vector<std::pair<int64_t, int32_t>> order(c.items.size());
+  for (size_t i = 0; i < c.items.size(); ++i) order[i] = {item_cost(t, c.items[i]), static_cast<int32_t>(i)};
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  int32_t* begin = buffer + cap.cta_begin_offset();
+  std::fill(begin, begin + t.num_workers + 1, 0);
+  for (int32_t w : c.worker_of) ++begin[w + 1];
+  for (int64_t w = 0; w < t.num_workers; ++w) begin[w + 1] += begin[w];
+  std::vector<int32_t> next(begin, begin + t.num_workers);
+  auto* items = reinterpret_cast<AttentionWorkItem*>(buffer + cap.items_offset());
+  for (const auto& [cost, i] : order) items[next[static_cast<size_t>(c.worker_of[i])]++] = c.items[i];
+  std::copy(c.merges.begin(), c.merges.end(), reinterpret_cast<AttentionMergeItem*>(buffer + cap.merges_offset()));
+  std::fill(buffer, buffer + kPlanHeaderWords, 0);
+  buffer[kPlanNumItems] = static_cast<int32_t>(c.items.size());
+  buffer[kPlanNumMerges] = static_cast<int32_t>(c.merges.size());
+  buffer[kPlanNumPartialRows] = static_cast<int32_t>(c.partial_rows);
+  buffer[kPlanNumCtas] = static_cast<int32_t>(cap.num_ctas);
+  buffer[kPlanKernel] = static_cast<int32_t>(cap.kernel);
 }
 
 }  // namespace
@@ -147,15 +177,16 @@ AttentionTarget attention_target(AttentionKernel kernel, int64_t num_workers) {
   t.num_workers = num_workers;
   t.wide_rows = kWideTileRows;
   t.key_chunk = kKeysPerChunk;
-  if (kernel == AttentionKernel::kCuda) {
+  if (kernel == AttentionKernel::kCuda) {  // see the cost model in attention_plan.h
     t.narrow_rows = kNarrowTileRows;
+    t.max_item_heads = 1;  // the kernel's tiles hold one KV head's rows
     t.min_split_chunks = kMinSplitChunks;
-    t.kind_cost[0] = 1;
-    t.kind_cost[1] = 2;  // 4x the math per key of a narrow tile, partly hidden behind the loads
-    t.item_cost = 1;
+    t.kind_cost[0] = 3;  // K/V load 2 + one 16-row MMA tile
+    t.kind_cost[1] = 6;  // K/V load 2 + four 16-row MMA tiles
+    t.item_cost = 3;     // Q and the first stage before any math, the epilogue: about one narrow chunk
   } else {
     t.narrow_rows = kCpuDirectRows;
-    t.narrow_spans_heads = true;
+    t.max_item_heads = std::numeric_limits<int32_t>::max();
     t.min_split_chunks = kCpuMinSplitChunks;
     t.kind_cost[0] = t.kind_cost[1] = 16;  // loading a chunk costs about as much as 16 rows' math
     t.row_cost = 1;
@@ -168,12 +199,17 @@ AttentionPlanCapacity attention_plan_capacity(int64_t max_batch, int64_t max_tok
                                               int64_t num_kv_heads, const AttentionTarget& target) {
   const int64_t group = num_q_heads / num_kv_heads;
   const int64_t max_tiles = num_kv_heads * (ceil_div(max_tokens * group, target.wide_rows) + max_batch);
+  // The most rows one piece can have: a wide tile, or a narrow item of every KV head it may carry.
+  const int64_t rows_per_head = std::min(max_tokens * group, target.wide_rows);
+  const int64_t piece_rows = std::max(rows_per_head, std::min(max_tokens * group, target.narrow_rows) *
+                                                         std::min(num_kv_heads, target.max_item_heads));
+  const int64_t max_pieces = kMaxPiecesPerWorker * target.num_workers;
   AttentionPlanCapacity cap;
   cap.num_ctas = target.num_workers;
   cap.kernel = target.kernel;
-  cap.max_partials = kMaxPiecesPerWorker * target.num_workers;
-  cap.max_merges = cap.max_partials / 2;  // a split tile has at least two pieces
-  cap.max_items = max_tiles + cap.max_partials;
+  cap.max_partial_rows = std::min(kPartialRowsPerWorker * target.num_workers, max_pieces * piece_rows);
+  cap.max_merges = max_pieces / 2;  // a split tile has at least two pieces
+  cap.max_items = max_tiles + max_pieces;
   return cap;
 }
 
@@ -197,34 +233,34 @@ Status build_attention_plan(const AttentionPlanInputs& in, const AttentionPlanCa
   if (!st.ok()) return st;
 
   const AttentionTarget t = attention_target(cap.kernel, cap.num_ctas);
-  const std::vector<AttentionWorkItem> tiles = make_tiles(in, t);
-  if (static_cast<int64_t>(tiles.size()) > cap.max_items) return too_small("work items", tiles.size(), cap.max_items);
+  const int64_t num_kv_heads = in.layout.num_kv_heads;
   Candidate best;
-  best.items = tiles;
-  assign_to_workers(t, best);
-  // Piece sizes total / (k * workers): k = 1 cuts every tile longer than a worker's share;
-  // larger k trade more pieces (and merges) for whole waves of near-equal work.
-  const int64_t total = best.total_load;
-  size_t last_size = tiles.size();
-  for (int64_t k = 1; k <= kMaxPiecesPerWorker && best.efficiency() < kGoodEnough; ++k) {
-    Candidate c;
-    if (!split_tiles(tiles, t, std::max<int64_t>(1, ceil_div(total, k * t.num_workers)), cap, c)) break;
-    if (c.items.size() == last_size) continue;
-    last_size = c.items.size();
-    assign_to_workers(t, c);
-    if (c.max_load < best.max_load) best = std::move(c);
+  bool have_best = false;
+  // Coarsest head granularity first: at equal max load, fewer items win.
+  for (int64_t heads = std::min(num_kv_heads, t.max_item_heads); heads >= 1; --heads) {
+    if (num_kv_heads % heads != 0) continue;
+    if (have_best && good_enough(best.max_load, best.total_load, t.num_workers)) break;
+    const std::vector<AttentionWorkItem> tiles = make_tiles(in, t, heads);
+    if (static_cast<int64_t>(tiles.size()) > cap.max_items) {
+      if (heads == 1) return too_small("work items", tiles.size(), cap.max_items);
+      continue;
+    }
+    Candidate whole;
+    whole.items = tiles;
+    assign_to_workers(t, whole, std::numeric_limits<int64_t>::max());
+    const int64_t total = whole.total_load;  // piece sizes are shares of the unsplit work
+    if (!have_best || whole.better_than(best)) best = std::move(whole), have_best = true;
+    size_t last_size = tiles.size();
+    for (int64_t k : kPieceSteps) {
+      if (good_enough(best.max_load, best.total_load, t.num_workers)) break;
+      Candidate c;
+      if (!split_tiles(tiles, t, std::max<int64_t>(1, ceil_div(total, k * t.num_workers)), cap, c)) break;
+      if (c.items.size() == last_size) continue;
+      last_size = c.items.size();
+      if (assign_to_workers(t, c, best.max_load + 1) && c.better_than(best)) best = std::move(c);
+    }
   }
-
-  std::copy(best.worker_begin.begin(), best.worker_begin.end(), buffer + cap.cta_begin_offset());
-  std::copy(best.items.begin(), best.items.end(), reinterpret_cast<AttentionWorkItem*>(buffer + cap.items_offset()));
-  std::copy(best.merges.begin(), best.merges.end(),
-            reinterpret_cast<AttentionMergeItem*>(buffer + cap.merges_offset()));
-  std::fill(buffer, buffer + kPlanHeaderWords, 0);
-  buffer[kPlanNumItems] = static_cast<int32_t>(best.items.size());
-  buffer[kPlanNumMerges] = static_cast<int32_t>(best.merges.size());
-  buffer[kPlanNumPartials] = static_cast<int32_t>(best.num_partials);
-  buffer[kPlanNumCtas] = static_cast<int32_t>(cap.num_ctas);
-  buffer[kPlanKernel] = static_cast<int32_t>(cap.kernel);
+  write_plan(t, best, cap, buffer);
   return Status::Ok();
 }
 
@@ -235,7 +271,9 @@ AttentionPlanStats attention_plan_stats(const int32_t* buffer, const AttentionPl
   AttentionPlanStats s;
   s.num_items = buffer[kPlanNumItems];
   s.num_splits = buffer[kPlanNumMerges];
-  s.num_partials = buffer[kPlanNumPartials];
+  s.partial_rows = buffer[kPlanNumPartialRows];
+  const auto* merges = reinterpret_cast<const AttentionMergeItem*>(buffer + cap.merges_offset());
+  for (int64_t m = 0; m < s.num_splits; ++m) s.num_partials += merges[m].num_partials;
   for (int64_t w = 0; w < cap.num_ctas; ++w) {
     int64_t load = 0;
     for (int32_t i = begin[w]; i < begin[w + 1]; ++i) load += item_cost(t, items[i]);

@@ -54,7 +54,7 @@ struct ItemRows {
 // Sizes shared by every item of one call.
 struct Shape {
   int64_t group, dim, dim_padded, max_rows;
-  int64_t partial_floats() const { return max_rows * (dim_padded + 2); }
+  int64_t partial_floats() const { return dim_padded + 2; }  // per partial row: acc, max, sum
 };
 
 // Per-thread buffers, zeroed once: only lanes d < dim of q are ever written, so its
@@ -265,10 +265,12 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
   }
 
   if (w.partial >= 0) {  // a piece of a split tile: the merge normalizes
-    float* dst = partials + w.partial * sh.partial_floats();
-    std::copy(t.acc.begin(), t.acc.begin() + rows * Dp, dst);
-    std::copy(t.m.begin(), t.m.begin() + rows, dst + sh.max_rows * Dp);
-    std::copy(t.l.begin(), t.l.begin() + rows, dst + sh.max_rows * (Dp + 1));
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = partials + (w.partial + r) * sh.partial_floats();
+      std::copy(t.acc.begin() + r * Dp, t.acc.begin() + (r + 1) * Dp, dst);
+      dst[Dp] = t.m[r];
+      dst[Dp + 1] = t.l[r];
+    }
     return;
   }
   auto* out = static_cast<T*>(p.out);
@@ -279,26 +281,27 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
   }
 }
 
-// Combines the pieces of one split tile (in key order, so results are deterministic).
+// Combines the pieces of one split tile (in key order, so results are deterministic):
+// row r of piece i is partial row first_partial + i * rows + r.
 template <typename T>
 void merge_pieces(const HybridAttentionParams& p, const Shape& sh, const AttentionMergeItem& mg,
                   const float* partials) {
   const ItemRows ir{mg.kv_head, mg.num_heads, mg.row_begin, mg.num_rows, sh.group};
-  const int64_t Dp = sh.dim_padded, stride = sh.partial_floats();
+  const int64_t Dp = sh.dim_padded, stride = sh.partial_floats(), rows = ir.count();
   auto* out = static_cast<T*>(p.out);
   std::vector<float> o(sh.dim);
-  for (int64_t r = 0, rows = ir.count(); r < rows; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < mg.num_partials; ++i) {
-      m = std::max(m, partials[(mg.first_partial + i) * stride + sh.max_rows * Dp + r]);
+      m = std::max(m, partials[(mg.first_partial + i * rows + r) * stride + Dp]);
     }
     float l = 0.0f;
     std::fill(o.begin(), o.end(), 0.0f);
     for (int64_t i = 0; i < mg.num_partials; ++i) {
-      const float* piece = partials + (mg.first_partial + i) * stride;
-      const float weight = std::exp2(piece[sh.max_rows * Dp + r] - m);  // 0 for a piece the row cannot see
-      l += weight * piece[sh.max_rows * (Dp + 1) + r];
-      for (int64_t d = 0; d < sh.dim; ++d) o[d] += weight * piece[r * Dp + d];
+      const float* piece = partials + (mg.first_partial + i * rows + r) * stride;
+      const float weight = std::exp2(piece[Dp] - m);  // 0 for a piece the row cannot see
+      l += weight * piece[Dp + 1];
+      for (int64_t d = 0; d < sh.dim; ++d) o[d] += weight * piece[d];
     }
     T* dst = out + (mg.q_token0 + ir.query(r)) * p.out_token_stride + ir.q_head(r) * p.out_head_stride;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -336,7 +339,8 @@ void run_plan(const HybridAttentionParams& p, const Shape& sh, const int32_t* pl
       if (begin[c] + k < begin[c + 1]) order.push_back(begin[c] + k);
     }
   }
-  std::unique_ptr<float[]> partials(new float[static_cast<size_t>(plan[kPlanNumPartials] * sh.partial_floats())]);
+  // Sized from this plan's partial rows, not the capacity.
+  std::unique_ptr<float[]> partials(new float[static_cast<size_t>(plan[kPlanNumPartialRows] * sh.partial_floats())]);
 
 #pragma omp parallel
   {
@@ -369,9 +373,9 @@ Status check_plan(const HybridAttentionParams& p, const int32_t* plan, const Att
     return Status::Invalid("plan was built for the CUDA kernel; plan_attention(..., kernel=\"cpu\") plans for this one");
   }
   const int64_t num_items = plan[kPlanNumItems], num_merges = plan[kPlanNumMerges];
-  const int64_t num_partials = plan[kPlanNumPartials];
+  const int64_t partial_rows = plan[kPlanNumPartialRows];
   if (plan[kPlanNumCtas] != cap.num_ctas || num_items < 0 || num_items > cap.max_items || num_merges < 0 ||
-      num_merges > cap.max_merges || num_partials < 0 || num_partials > cap.max_partials) {
+      num_merges > cap.max_merges || partial_rows < 0 || partial_rows > cap.max_partial_rows) {
     return mismatch("its header disagrees with its capacity");
   }
   const int32_t* begin = plan + cap.cta_begin_offset();
@@ -395,7 +399,8 @@ Status check_plan(const HybridAttentionParams& p, const int32_t* plan, const Att
     if (w.q_token0 != p.cu_seqlens_q[w.request] || w.causal_offset != kv_len - q_len ||
         !rows_ok(w.kv_head, w.num_heads, w.row_begin, w.num_rows) ||
         w.row_begin + w.num_rows > q_len * sh.group || w.kv_begin < 0 || w.kv_begin % kKeyChunk != 0 ||
-        w.kv_begin >= w.kv_end || w.kv_end > kv_len || w.partial < -1 || w.partial >= num_partials) {
+        w.kv_begin >= w.kv_end || w.kv_end > kv_len || w.partial < -1 ||
+        (w.partial >= 0 && w.partial + static_cast<int64_t>(w.num_heads) * w.num_rows > partial_rows)) {
       return mismatch(at() + ", request " + std::to_string(w.request));
     }
   }
@@ -404,7 +409,8 @@ Status check_plan(const HybridAttentionParams& p, const int32_t* plan, const Att
     const AttentionMergeItem& mg = merges[m];
     if (!rows_ok(mg.kv_head, mg.num_heads, mg.row_begin, mg.num_rows) || mg.q_token0 < 0 ||
         mg.q_token0 + (mg.row_begin + mg.num_rows - 1) / sh.group >= p.total_q || mg.first_partial < 0 ||
-        mg.num_partials < 1 || mg.first_partial + mg.num_partials > num_partials) {
+        mg.num_partials < 1 ||
+        mg.first_partial + static_cast<int64_t>(mg.num_partials) * mg.num_heads * mg.num_rows > partial_rows) {
       return mismatch("merge " + std::to_string(m));
     }
   }

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "sarathi_rt/attention_plan.h"
@@ -31,7 +32,8 @@ template <>
 __device__ __nv_bfloat16 cast_out<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // One CTA per merge item (grid-stride, so the grid is fixed for CUDA graphs): each
-// output element is the lse-weighted mean of its tile's pieces (lse in log2 units).
+// output element is the lse-weighted mean of its tile's pieces (lse in log2 units); row
+// `row` of piece s is partial row first_partial + s * num_rows + row.
 template <typename T>
 __global__ void __launch_bounds__(kMergeThreads) merge_partials_kernel(HybridAttentionParams p, PlannedAttentionArgs plan) {
   const int num_merges = plan.plan[kPlanNumMerges];
@@ -44,11 +46,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_partials_kernel(HybridAtt
       const int64_t row = e / D, col = e % D;
       float mx = -INFINITY;
       for (int s = 0; s < mg.num_partials; ++s) {
-        mx = fmaxf(mx, plan.partial_lse[(mg.first_partial + s) * static_cast<int64_t>(kWideTileRows) + row]);
+        mx = fmaxf(mx, plan.partial_lse[mg.first_partial + static_cast<int64_t>(s) * mg.num_rows + row]);
       }
       float num = 0.0f, den = 0.0f;
       for (int s = 0; s < mg.num_partials; ++s) {
-        const int64_t slot = (mg.first_partial + s) * static_cast<int64_t>(kWideTileRows) + row;
+        const int64_t slot = mg.first_partial + static_cast<int64_t>(s) * mg.num_rows + row;
         const float lse = plan.partial_lse[slot];
         const float wgt = lse == -INFINITY ? 0.0f : exp2f(lse - mx);
         num += wgt * plan.partial_out[slot * D + col];
@@ -81,7 +83,9 @@ Status run(const HybridAttentionParams& p, const PlannedAttentionArgs& plan, cud
   if (!st.ok()) return st;
   // Always launched (it exits at once when nothing was split) so the step's launch
   // sequence does not depend on the plan, as a CUDA graph requires.
-  const unsigned grid = static_cast<unsigned>(plan.capacity.max_merges > 0 ? plan.capacity.max_merges : 1);
+  // Grid-stride over the merges: at most one wave of the attention grid's size.
+  const int64_t merge_ctas = std::min(plan.capacity.max_merges, plan.capacity.num_ctas);
+  const unsigned grid = static_cast<unsigned>(merge_ctas > 0 ? merge_ctas : 1);
   merge_partials_kernel<T><<<grid, kMergeThreads, 0, stream>>>(p, plan);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return Status::DeviceError(std::string("hybrid_attention merge failed: ") + cudaGetErrorString(err));

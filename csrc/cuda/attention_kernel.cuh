@@ -123,7 +123,7 @@ __device__ __forceinline__ void store_pair(const HybridAttentionParams& p, const
     T* dst = static_cast<T*>(p.out) + map.token(w, row) * p.out_token_stride + map.head(w, row) * p.out_head_stride;
     *reinterpret_cast<uint32_t*>(dst + col) = MmaTraits<T>::pack(a, b);
   } else {
-    float* dst = plan.partial_out + (static_cast<int64_t>(w.partial) * kWideTileRows + row) * D;
+    float* dst = plan.partial_out + (static_cast<int64_t>(w.partial) + row) * D;  // the piece's rows of the pool
     *reinterpret_cast<float2*>(dst + col) = make_float2(a, b);
   }
 }
@@ -272,7 +272,7 @@ __device__ void run_item(const HybridAttentionParams& p, const PlannedAttentionA
         store_pair<T, D>(p, plan, w, map, row, d * 8 + quad_col, acc[d][2 * i] * inv, acc[d][2 * i + 1] * inv);
       }
       if (w.partial >= 0 && lane % 4 == 0) {
-        plan.partial_lse[static_cast<int64_t>(w.partial) * kWideTileRows + row] =
+        plan.partial_lse[static_cast<int64_t>(w.partial) + row] =
             l[i] > 0.0f ? m[i] + log2f(l[i]) : kNegInf;
       }
     }
@@ -318,7 +318,7 @@ __device__ void run_item(const HybridAttentionParams& p, const PlannedAttentionA
       const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
       store_pair<T, D>(p, plan, w, map, row, col, a * inv, b * inv);
       if (w.partial >= 0 && col == 0) {
-        plan.partial_lse[static_cast<int64_t>(w.partial) * kWideTileRows + row] =
+        plan.partial_lse[static_cast<int64_t>(w.partial) + row] =
             sum > 0.0f ? mx + log2f(sum) : kNegInf;
       }
     }

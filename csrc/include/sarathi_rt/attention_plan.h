@@ -6,11 +6,38 @@
 //
 // A request's query rows are flattened as row = query * group + head_in_group, so the
 // query heads that share one KV head also share every K/V tile loaded from the pages.
-// A work item is one tile of those rows, for one KV head or (CPU decodes) for every KV
-// head at once, against a range of keys. Requests with few rows per KV head (decodes)
-// become "narrow" tiles; the others are cut into "wide" tiles. A tile that costs more
-// than its share of the workers is split into key ranges; each piece writes a partial
-// result and its log-sum-exp, and a merge item combines the pieces of one tile.
+// A work item is one tile of those rows, for one or more KV heads, against a range of
+// keys. Requests with few rows per KV head (decodes) become "narrow" tiles; the others
+// are cut into "wide" tiles. The planner chooses the granularity: how many KV heads a
+// narrow item carries (where the kernel can run several) and into how many key ranges a
+// tile is cut. Each piece of a cut tile writes a partial result and its log-sum-exp into
+// a pool of partial rows, and a merge item combines the pieces of one tile.
+//
+// Cost model (the planner's only notion of time; stats() reports it). A work item costs
+//
+//   cost = item_cost + ceil(keys / key_chunk) * heads * (kind_cost[kind] + row_cost * rows)
+//
+// keys: the item's key range; heads: its KV heads; rows: its query rows per head.
+//   CUDA (16/64-row tiles, 64-key chunks, one KV head per item): a chunk costs its K/V
+//   load plus one MMA pass per 16-row tile: narrow = load 2 + 1 row tile = 3, wide = load
+//   2 + 4 row tiles = 6, so row_cost = 0 (a tile pays for all its MMA rows, used or not).
+//   Why load = 2 and an MMA row tile = 1: a 64-key chunk of one head at head_dim 128 is
+//   32 KB of bf16 K and V; at an H100's ~3.3 TB/s shared by 264 CTAs that is ~2.6 us,
+//   while one 16-row tile's QK^T and PV (0.5 MFLOP) takes ~0.15 us of a CTA's share of
+//   peak tensor throughput, ~1 us at the mma.sync efficiency this kernel reaches with
+//   K/V in shared memory; loads and math overlap only partly (two stages). A wide chunk
+//   (4 row tiles) thus costs about twice a narrow one. item_cost = 3 (one narrow chunk):
+//   loading Q and the first K/V stage before any math, and the epilogue (normalize,
+//   store, the warp merge of narrow tiles), is about one chunk's latency.
+//   CPU (items may carry every KV head; 8-row direct path): a chunk costs 16 for reading
+//   a head's keys and values plus 1 per row (one dot product and one axpy per key), and
+//   an item 16 (scratch setup); fitted on bench_attention's mixed batch.
+// Only ratios matter: the planner minimizes the costliest worker. How this is checked on
+// a GPU: bench/device_check.sh times the planned kernel on batches of one item kind per
+// CTA (all narrow or all wide, 1..64 chunks each) and fits time = a + b * chunks per kind;
+// the model holds while b_wide / b_narrow stays within 1.5..2.5 and a / b_narrow within
+// 0.5..2 (see bench/RESULTS.md for the last measured fit). Outside that, change the
+// constants in attention_target(), nothing else.
 //
 // Every array has a capacity fixed when the plan is created, so the device buffers never
 // move and a planned step can be captured in a CUDA graph.
@@ -32,7 +59,11 @@ constexpr int32_t kKeysPerChunk = 64;    // keys loaded per pipeline stage of th
 constexpr int32_t kMinSplitChunks = 4;   // a CUDA split piece covers at least this many chunks
 constexpr int32_t kCpuDirectRows = 8;    // CPU: rows per KV head up to which pages are read directly
 constexpr int32_t kCpuMinSplitChunks = 16;  // CPU: a split piece covers at least 1024 keys
-constexpr int64_t kMaxPiecesPerWorker = 8;  // sizes the partial slots: splits never need more
+// Split pieces per worker (bounds items and merges) and partial rows per worker (bounds the
+// partial pool): the planner only picks splits that fit, and a batch needing more pieces
+// than this per worker is already balanced by its unsplit tiles.
+constexpr int64_t kMaxPiecesPerWorker = 32;
+constexpr int64_t kPartialRowsPerWorker = 512;
 
 enum class TileKind : int32_t { kNarrow = 0, kWide = 1 };
 enum class AttentionKernel : int32_t { kCuda = 0, kCpu = 1 };
@@ -43,7 +74,7 @@ struct AttentionTarget {
   int64_t num_workers = 0;      // CUDA: CTAs of the persistent grid; CPU: about the threads
   int64_t narrow_rows = 0;      // a request with at most this many rows per KV head is narrow
   int64_t wide_rows = 0;        // rows per wide tile
-  bool narrow_spans_heads = false;  // one narrow item covers every KV head (whole token rows)
+  int64_t max_item_heads = 1;   // KV heads one narrow item may carry (the CPU kernel reads token rows)
   int64_t key_chunk = 0;        // split pieces start at multiples of this many keys (the cost unit)
   int64_t min_split_chunks = 0;
   // Cost of an item: per chunk and KV head, kind_cost[kind] + row_cost * rows; plus item_cost.
@@ -73,10 +104,12 @@ struct AttentionWorkItem {
   int32_t kv_begin;       // keys [kv_begin, kv_end) of this piece
   int32_t kv_end;
   int32_t kind;           // TileKind
-  int32_t partial;        // -1: writes out directly; else its partial-result slot
+  int32_t partial;        // -1: writes out directly; else the first of its num_heads * num_rows
+                          // partial rows (head-major, as ItemRows order them)
 };
 
-// Combines the split pieces of one tile, whose partials sit in consecutive slots.
+// Combines the split pieces of one tile: piece s holds partial rows
+// first_partial + s * num_heads * num_rows onwards.
 struct AttentionMergeItem {
   int32_t q_token0;
   int32_t kv_head;
@@ -91,7 +124,7 @@ struct AttentionMergeItem {
 enum PlanHeaderField : int32_t {
   kPlanNumItems = 0,
   kPlanNumMerges = 1,
-  kPlanNumPartials = 2,
+  kPlanNumPartialRows = 2,
   kPlanNumCtas = 3,
   kPlanKernel = 4,  // the AttentionKernel it was built for
   kPlanHeaderWords = 8,
@@ -100,7 +133,7 @@ enum PlanHeaderField : int32_t {
 struct AttentionPlanCapacity {
   int64_t max_items = 0;
   int64_t max_merges = 0;
-  int64_t max_partials = 0;
+  int64_t max_partial_rows = 0;
   int64_t num_ctas = 0;  // workers: the fixed (persistent) grid of the CUDA kernel (see AttentionTarget)
   AttentionKernel kernel = AttentionKernel::kCuda;
 
@@ -118,8 +151,9 @@ struct AttentionPlanCapacity {
 
 // Worst-case sizes for any batch of at most max_batch requests and max_tokens query
 // tokens: a request with R = q_len * group rows needs at most R / wide_rows + 1 tiles per
-// KV head; splits use at most kMaxPiecesPerWorker partial slots per worker (the planner
-// only picks splits that fit).
+// KV head; splits use at most kMaxPiecesPerWorker pieces per worker, and partial rows for
+// kPartialRowsPerWorker rows per worker or for that many pieces of the largest item the
+// batch can have, whichever is less (the planner only picks splits that fit).
 AttentionPlanCapacity attention_plan_capacity(int64_t max_batch, int64_t max_tokens, int64_t num_q_heads,
                                               int64_t num_kv_heads, const AttentionTarget& target);
 
@@ -136,17 +170,21 @@ struct AttentionPlanInputs {
 
 // Validates the index arrays (errors name the argument) and fills `buffer` (capacity's
 // total_words() int32 words) with the header, per-worker item ranges, items and merges,
-// for the target attention_target(cap.kernel, cap.num_ctas). Each worker's cost stays
-// near total / workers: tiles are cut into key ranges where that shortens the longest
-// worker (trying piece sizes of total / (k * workers), k = 1, 2, ..., so pieces fill
-// whole waves of workers), then assigned longest first to the least loaded worker.
+// for the target attention_target(cap.kernel, cap.num_ctas). The granularity is searched
+// against the resulting max load: for each number of KV heads per narrow item the kernel
+// allows, tiles are cut into near-equal key ranges no costlier than total / (k * workers)
+// for k = 1, 2, 3, 4, 6, 8, ... (so pieces fill whole waves of workers), each candidate is
+// assigned longest first to the least loaded worker, and the one with the lowest max load
+// wins (ties: fewer partial rows, then fewer items). The search stops once the max load
+// is within 1% of the mean.
 Status build_attention_plan(const AttentionPlanInputs& in, const AttentionPlanCapacity& cap, int32_t* buffer);
 
 // The planner's cost model applied to a built plan: per-worker loads.
 struct AttentionPlanStats {
   int64_t num_items = 0;
   int64_t num_splits = 0;  // tiles cut into pieces (one merge each)
-  int64_t num_partials = 0;
+  int64_t num_partials = 0;  // split pieces
+  int64_t partial_rows = 0;  // rows of the partial pool they use (head_dim + 1 floats each)
   int64_t max_load = 0;    // the costliest worker
   int64_t total_load = 0;  // all workers
 };
@@ -165,8 +203,8 @@ namespace sarathi_rt {
 
 // One planned step on the GPU. `p` holds device pointers (its cu_seqlens_q and seqlens_k
 // are not read: the plan carries what the kernel needs); `plan` is the device copy of
-// the buffer build_attention_plan filled. partial_out [max_partials, 64, head_dim] and
-// partial_lse [max_partials, 64] (float32) hold split pieces until they are merged.
+// the buffer build_attention_plan filled. partial_out [max_partial_rows, head_dim] and
+// partial_lse [max_partial_rows] (float32) hold split pieces until they are merged.
 struct PlannedAttentionArgs {
   const int32_t* plan = nullptr;
   AttentionPlanCapacity capacity{};

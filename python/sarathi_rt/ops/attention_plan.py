@@ -34,13 +34,13 @@ NARROW, WIDE = 0, 1
 class PlanCapacity:
     max_items: int
     max_merges: int
-    max_partials: int
+    max_partial_rows: int
     num_ctas: int
     kernel: int
     total_words: int
 
     def as_list(self) -> list[int]:
-        return [self.max_items, self.max_merges, self.max_partials, self.num_ctas, self.kernel]
+        return [self.max_items, self.max_merges, self.max_partial_rows, self.num_ctas, self.kernel]
 
 
 def _positive(name: str, value: object) -> int:
@@ -88,12 +88,11 @@ class AttentionPlan:
         on_cuda = self.device.type == "cuda"
         self._host = torch.zeros(self.capacity.total_words, dtype=torch.int32, pin_memory=on_cuda)
         self.buffer = torch.zeros_like(self._host, device=self.device) if on_cuda else self._host
-        # Split pieces of the CUDA kernel wait here for their merge; the CPU kernel keeps
-        # its own (its items may span every KV head).
-        slots = self.capacity.max_partials if on_cuda else 0
-        rows = LAYOUT["wide_rows"]
-        self.partial_out = torch.empty(slots, rows, head_dim, dtype=torch.float32, device=self.device)
-        self.partial_lse = torch.empty(slots, rows, dtype=torch.float32, device=self.device)
+        # Split pieces of the CUDA kernel wait here for their merge, one row per query row
+        # of a piece; the CPU kernel allocates exactly the rows each plan uses.
+        rows = self.capacity.max_partial_rows if on_cuda else 0
+        self.partial_out = torch.empty(rows, head_dim, dtype=torch.float32, device=self.device)
+        self.partial_lse = torch.empty(rows, dtype=torch.float32, device=self.device)
         # The pinned host buffer may not be rewritten while its last copy is in flight.
         self._copied = torch.cuda.Event() if on_cuda else None
         self.batch = -1  # geometry of the last update; -1 until the first one
@@ -177,20 +176,27 @@ class AttentionPlan:
         return int(self._host[1])
 
     @property
-    def num_partials(self) -> int:
+    def partial_rows(self) -> int:
         return int(self._host[2])
 
     def stats(self) -> dict[str, float]:
         """The last plan under the planner's cost model: num_items, num_splits (tiles cut
-        into key ranges), num_partials, num_workers, max_load / mean_load (cost of the
-        costliest / an average worker) and load_efficiency = mean_load / max_load."""
+        into key ranges), num_partials (their pieces), num_workers, max_load / mean_load
+        (cost of the costliest / an average worker), load_efficiency = mean_load / max_load
+        (low for a batch too small to fill the workers: that is the truth, not a bug), and
+        the partial-result memory: partial_rows and partial_bytes this batch uses
+        (head_dim + 1 float32 each), partial_capacity_bytes the plan holds for any batch
+        (0 on the CPU, whose kernel allocates partial_bytes per call)."""
         if self.batch < 0:
             raise ValueError("plan has not been updated with a batch yet (call plan.update)")
         s = _C.attention_plan_stats(self._host.data_ptr(), self.capacity.as_list())
         mean = s["total_load"] / self.capacity.num_ctas
+        row_bytes = 4 * (self.head_dim + 1)
         return {"num_items": s["num_items"], "num_splits": s["num_splits"], "num_partials": s["num_partials"],
                 "num_workers": self.capacity.num_ctas, "max_load": s["max_load"], "mean_load": mean,
-                "load_efficiency": mean / s["max_load"] if s["max_load"] else 1.0}
+                "load_efficiency": mean / s["max_load"] if s["max_load"] else 1.0,
+                "partial_rows": s["partial_rows"], "partial_bytes": s["partial_rows"] * row_bytes,
+                "partial_capacity_bytes": self.partial_out.shape[0] * row_bytes}
 
     def work_items(self) -> torch.Tensor:
         """[num_items, len(ITEM_FIELDS)] int32, grouped by CTA in launch order."""
