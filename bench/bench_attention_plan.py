@@ -1,22 +1,31 @@
-"""Load balance of the attention planner on skewed batches, planned on this CPU for a GPU
-grid (default 264 CTAs: 132 SMs x 2, an H100/H200) and for this machine's CPU kernel.
+"""Load balance of the attention planner, planned on this CPU for a GPU grid (default 264
+CTAs: 132 SMs x 2, an H100/H200) and for this machine's CPU kernel.
 
-For each batch: work items, split tiles, partial slots, load efficiency (mean / max
-worker cost under the planner's cost model; target >= 0.9 on the GPU grid) and the
-host time of one plan update (median). Batches use 32 query heads on 8 KV heads.
+First the named skewed batches (32 query heads on 8 KV heads): work items, split tiles,
+partial rows and bytes, load efficiency (mean / max worker cost under the planner's cost
+model) and the host time of one plan update (median). Then the distribution of the
+property test (tests/test_attention_plan_property.py: random decode-only and mixed
+batches, six head layouts): min, p5 and median load efficiency per CTA count, over the
+batches with >= 4096 key-head pairs per CTA (target: p5 >= 0.90, min >= 0.80).
 
-    python bench/bench_attention_plan.py [--num-ctas 264] [--iters 50]
+    python bench/bench_attention_plan.py [--num-ctas 264] [--iters 50] [--batches 500] [--smoke]
 """
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from sarathi_rt import ops
 from sarathi_rt.ops import reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_attention_plan_property import CTAS, MIN_PAIRS_PER_CTA, index_tensors, random_batch  # noqa: E402
 
 Q_HEADS, KV_HEADS, BLOCK = 32, 8, 16
 
@@ -45,13 +54,44 @@ def index_batch(lengths: list[tuple[int, int]]) -> reference.PagedBatch:
                                 torch.tensor([kv for _, kv in lengths], dtype=torch.int32), tables)
 
 
+def distribution(seed: int, count: int) -> None:
+    """Plans every batch of the property test's distribution for each CTA count."""
+    rng = random.Random(seed)
+    effs: dict[int, list[float]] = {c: [] for c in CTAS}
+    times: list[float] = []
+    for _ in range(count):
+        lengths, (q_heads, kv_heads, head_dim), _ = random_batch(rng)
+        tensors = index_tensors(lengths, kv_heads, head_dim)
+        for ctas in CTAS:
+            if sum(kv for _, kv in lengths) * kv_heads < MIN_PAIRS_PER_CTA * ctas:
+                continue
+            start = time.perf_counter()
+            plan = ops.plan_attention(*tensors, q_heads, num_ctas=ctas, kernel="cuda")
+            times.append(time.perf_counter() - start)
+            effs[ctas].append(plan.stats()["load_efficiency"])
+    print(f"\ndistribution: {count} random batches (seed {seed}), those with >= {MIN_PAIRS_PER_CTA} "
+          f"key-head pairs per CTA")
+    print(f"{'CTAs':>5} {'batches':>8} {'min':>6} {'p5':>6} {'median':>7}")
+    for ctas, e in effs.items():
+        if not e:
+            continue
+        e.sort()
+        print(f"{ctas:>5} {len(e):>8} {e[0]:>6.3f} {e[len(e) // 20]:>6.3f} {statistics.median(e):>7.3f}")
+    if times:
+        print(f"plan + stats host time: median {1e3 * statistics.median(times):.2f} ms, max {1e3 * max(times):.2f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-ctas", type=int, default=264)
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--batches", type=int, default=500, help="random batches of the distribution")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code paths")
     args = ap.parse_args()
-    print(f"{'batch':<32} {'kernel':<6} {'workers':>7} {'items':>6} {'splits':>6} {'partials':>8} "
+    if args.smoke:
+        args.iters, args.batches = 2, 12
+    print(f"{'batch':<32} {'kernel':<6} {'workers':>7} {'items':>6} {'splits':>6} {'p.rows':>7} {'p.MB':>6} "
           f"{'load eff':>8} {'plan ms':>8}")
     worst = 1.0
     for name, lengths in batches(args.seed).items():
@@ -68,8 +108,10 @@ def main() -> None:
             if kernel == "cuda":
                 worst = min(worst, s["load_efficiency"])
             print(f"{name:<32} {kernel:<6} {s['num_workers']:>7} {s['num_items']:>6} {s['num_splits']:>6} "
-                  f"{s['num_partials']:>8} {s['load_efficiency']:>8.3f} {1e3 * statistics.median(times):>8.3f}")
+                  f"{s['partial_rows']:>7} {s['partial_bytes'] / 1e6:>6.2f} {s['load_efficiency']:>8.3f} "
+                  f"{1e3 * statistics.median(times):>8.3f}")
     print(f"worst GPU-grid load efficiency {worst:.3f} (target >= 0.9)")
+    distribution(args.seed, args.batches)
 
 
 if __name__ == "__main__":
