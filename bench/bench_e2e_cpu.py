@@ -2,7 +2,7 @@
 
     python bench/bench_e2e_cpu.py [--requests 32] [--repeats 3] [--length-scale 0.125]
 
-The `cpu-small` preset shape (hidden 512, 8 layers, 8 heads, 2 KV heads, vocab 32000)
+The `cpu-small` preset shape (`--preset`; hidden 512, 8 layers, 8 heads, 2 KV heads, vocab 32000)
 in float32, with random weights built by transformers and saved as a checkpoint that
 both sides load. Requests: prompt/output lengths sampled from the ShareGPT trace,
 divided by 8. sarathi_rt serves them all at once (stall-free hybrid batches, token
@@ -29,21 +29,21 @@ from sarathi_rt.workloads import WorkloadConfig, make_workload
 TARGET_RATIO = 3.0
 
 
-def build_checkpoint(path: Path, seed: int) -> torch.nn.Module:
+def build_checkpoint(path: Path, preset: str, seed: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**PRESETS["cpu-small"].to_hf_dict())).float().eval()
+    model = LlamaForCausalLM(LlamaConfig(**PRESETS[preset].to_hf_dict())).float().eval()
     model.generation_config.eos_token_id = None  # run every request to its length
     model.save_pretrained(path)
     return model
 
 
-def requests(n: int, scale: float, vocab: int, seed: int) -> tuple[list[list[int]], list[int]]:
+def requests(n: int, scale: float, preset: str, seed: int) -> tuple[list[list[int]], list[int]]:
     specs = make_workload(WorkloadConfig(num_requests=n, lengths="sharegpt", length_scale=scale,
-                                         max_total_tokens=PRESETS["cpu-small"].max_position_embeddings, seed=seed))
+                                         max_total_tokens=PRESETS[preset].max_position_embeddings, seed=seed))
     rng = random.Random(seed)
-    prompts = [[rng.randrange(3, vocab) for _ in range(s.num_prompt_tokens)] for s in specs]
+    prompts = [[rng.randrange(3, PRESETS[preset].vocab_size) for _ in range(s.num_prompt_tokens)] for s in specs]
     return prompts, [s.num_decode_tokens for s in specs]
 
 
@@ -79,17 +79,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="transformers static batch size")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu-small", help="the model's shape")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = ap.parse_args()
     if args.smoke:
-        args.requests, args.length_scale, args.repeats = 4, 1 / 64, 1
+        args.preset, args.requests, args.length_scale, args.repeats = "tiny", 4, 1 / 64, 1
 
     with tempfile.TemporaryDirectory() as tmp:
-        hf_model = build_checkpoint(Path(tmp), args.seed)
+        hf_model = build_checkpoint(Path(tmp), args.preset, args.seed)
         llm = LLM(tmp, token_budget=512, max_num_seqs=args.requests)
-    prompts, lengths = requests(args.requests, args.length_scale, hf_model.config.vocab_size, args.seed)
+    prompts, lengths = requests(args.requests, args.length_scale, args.preset, args.seed)
     useful = sum(lengths)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; cpu-small float32; "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.preset} float32; "
           f"{len(prompts)} ShareGPT requests / 8: {sum(map(len, prompts))} prompt tokens "
           f"(median {statistics.median(map(len, prompts)):.0f}), {useful} output tokens "
           f"(median {statistics.median(lengths):.0f})")
