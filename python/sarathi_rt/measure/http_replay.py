@@ -1,8 +1,15 @@
 """Replay a workload against any OpenAI-compatible server, as `replay` does against the
 engine: each request is sent at its arrival time as a streamed /v1/completions call with
 the same synthetic token-id prompt, greedy, ignoring EOS, for its trace's number of
-tokens. The client's clock gives TTFT and, from the arrival time of each streamed token
-event, the time between tokens. Only the client is measured: no step records."""
+tokens. The client's clock gives TTFT and the time between tokens. Only the client is
+measured: no step records.
+
+Tokens are counted, not events: a server may merge tokens into one event (llama.cpp
+holds back a token that ends inside a UTF-8 character) or send events without a token
+(a final empty one beside the usage). An event's tokens are the ones it reports
+(`token_ids`, or logprobs' `tokens`), else one if it carries text; the count is then made
+to agree with the usage the stream ends with (`stream_options.include_usage`): tokens it
+adds arrived merged into the last event, so they get that event's time."""
 from __future__ import annotations
 
 import asyncio
@@ -63,7 +70,8 @@ async def _request(client: Any, endpoint: str, model: str, spec: RequestSpec, pr
     await asyncio.sleep(max(0.0, arrival - time.perf_counter()))
     metrics = RequestMetrics(arrival_time=arrival, num_prompt_tokens=len(prompt))
     body = {"model": model, "prompt": prompt, "max_tokens": spec.num_decode_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    completion_tokens = None
     async with client.stream("POST", f"{endpoint}/completions", json=body) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")
@@ -77,11 +85,38 @@ async def _request(client: Any, endpoint: str, model: str, spec: RequestSpec, pr
             event = json.loads(data)
             if "error" in event:
                 raise EndpointError(f"request {spec.request_id}: {event['error']}")
-            if event.get("choices"):  # one event per generated token
-                metrics.token_times.append(time.perf_counter())
+            now = time.perf_counter()
+            metrics.token_times.extend([now] * sum(tokens_in(choice) for choice in event.get("choices") or []))
+            if event.get("usage"):
+                completion_tokens = event["usage"].get("completion_tokens")
+    metrics.token_times = agree_with_usage(metrics.token_times, completion_tokens)
     if metrics.token_times:
         metrics.first_token_time = metrics.token_times[0]
     metrics.finish_time = time.perf_counter()
     if progress is not None:
         progress(1)
     return metrics
+
+
+def tokens_in(choice: dict[str, Any]) -> int:
+    """Tokens one streamed choice carries: as many as it lists ids or logprobs for, else
+    one when it has text (a completion's `text`, a chat delta's `content`)."""
+    if choice.get("token_ids") is not None:
+        return len(choice["token_ids"])
+    logprobs = choice.get("logprobs") or {}
+    if isinstance(logprobs, dict) and logprobs.get("tokens") is not None:
+        return len(logprobs["tokens"])
+    text = choice.get("text", (choice.get("delta") or {}).get("content"))
+    return 1 if text else 0
+
+
+def agree_with_usage(times: list[float], completion_tokens: int | None) -> list[float]:
+    """Token arrival times made to agree with the server's own count: extra ones dropped
+    from the end, missing ones (merged into the last event) at the last event's time."""
+    if completion_tokens is None or completion_tokens == len(times):
+        return times
+    if completion_tokens < len(times):
+        return times[:completion_tokens]
+    if not times:
+        raise EndpointError(f"the server counted {completion_tokens} tokens but streamed none")
+    return times + [times[-1]] * (completion_tokens - len(times))
