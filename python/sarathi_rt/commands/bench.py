@@ -16,7 +16,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from sarathi_rt.measure.metrics import MetricsSummary, save_requests_csv, save_steps_csv, summarize
+from sarathi_rt.measure.metrics import MetricsSummary, QoSSummary, save_requests_csv, save_steps_csv, summarize
 from sarathi_rt.measure.slo import SLOMetrics, slo_metrics
 from sarathi_rt.workloads import make_workload
 
@@ -62,8 +62,9 @@ def _bench(args: argparse.Namespace, policies: list[str], backend: SimBackend | 
     budget = f"each step sized to the {args.tbt_slo * 1e3:g} ms SLO, at most {args.token_budget} tokens" \
         if args.adaptive_budget else f"token budget {args.token_budget}"
     mode = f"{backend.model} at {args.endpoint}" if args.endpoint else f"{mode}; chunked policies: {budget}"
+    # Timings are only comparable on an equally loaded machine: say how loaded this one is.
     print(f"sarathi-rt bench: {len(workload)} requests of {args.trace} (length x{args.length_scale:.4g}) at "
-          f"{args.qps:g} QPS, {mode}")
+          f"{args.qps:g} QPS, {mode} (machine load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     summaries: dict[str, MetricsSummary] = {}
     slos: dict[str, SLOMetrics] = {}
     tbts, steps_by_policy = {}, {}
@@ -71,7 +72,7 @@ def _bench(args: argparse.Namespace, policies: list[str], backend: SimBackend | 
         start = time.perf_counter()
         with tqdm(total=len(workload), desc=f"{policy:>8}", unit="req", leave=False) as bar:
             requests, steps = backend.run(policy, workload, bar.update)
-        summaries[policy] = summarize(requests, steps, args.stall_factor)
+        summaries[policy] = summarize(requests, steps, args.stall_factor, getattr(args, "qos_classes", None))
         slos[policy] = slo_metrics(requests, steps, args.ttft_slo, args.tbt_slo)
         tbts[policy] = [g for r in requests for g in r.tbts]
         steps_by_policy[policy] = steps
@@ -80,7 +81,9 @@ def _bench(args: argparse.Namespace, policies: list[str], backend: SimBackend | 
         done = f"{len(steps)} steps" if steps else f"{len(requests)} requests"
         print(f"  {policy}: {done} in {time.perf_counter() - start:.1f} s")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump({p: {**s.bench_dict(), **slos[p].to_dict()} for p, s in summaries.items()}, f, indent=2)
+        json.dump({p: {**s.bench_dict(), **slos[p].to_dict(),
+                       **({"qos": {c: qos_dict(q) for c, q in s.qos.items()}} if s.qos else {})}
+                   for p, s in summaries.items()}, f, indent=2)
     written = "summary.json"
     plots = optional_plots()
     if plots is not None:
@@ -91,11 +94,13 @@ def _bench(args: argparse.Namespace, policies: list[str], backend: SimBackend | 
             written += ", tokens_per_step.png"
     print(format_table(summaries))
     print(format_slo_table(slos))
+    if getattr(args, "qos_classes", None):
+        print(format_qos_table(summaries))
     if "sarathi" in summaries and "vllm" in summaries:
         s, v = summaries["sarathi"], summaries["vllm"]
         ratio = s.tbt.p99 / v.tbt.p99 if v.tbt.p99 > 0 else math.nan
         print(f"sarathi P99 TBT / vllm P99 TBT = {ratio:.3f}; stalls {s.stalls} vs {v.stalls}")
-    print(f"wrote {args.out}/{written} and per-policy CSVs")
+    print(f"wrote {args.out}/{written} and per-policy CSVs (machine load {os.getloadavg()[0]:.1f} at the end)")
     if isinstance(backend, EngineBackend):
         show_answers(backend, policies[0], workload)
     return 0
@@ -148,6 +153,23 @@ def format_slo_table(slos: dict[str, SLOMetrics]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines) + "\n(goodput: requests within --ttft-slo and --tbt-slo; step err: the adaptive " \
                                "budget's step-time forecasts)"
+
+
+def qos_dict(q: QoSSummary) -> dict[str, float | int]:
+    return {"num_requests": q.num_requests, "attainment": q.attainment, "goodput": q.goodput,
+            "relegated": q.relegated, "ttft_p50": q.ttft.p50, "ttft_p99": q.ttft.p99, "tbt_p50": q.tbt.p50,
+            "tbt_p99": q.tbt.p99}
+
+
+def format_qos_table(summaries: dict[str, MetricsSummary]) -> str:
+    head = ["policy", "class", "requests", "attainment", "goodput", "relegated", "TTFT P50", "TTFT P99",
+            "TBT P99"]
+    rows = [[p, c, str(q.num_requests), _pct(q.attainment), f"{q.goodput:.3f}/s", str(q.relegated), _ms(q.ttft.p50),
+             _ms(q.ttft.p99), _ms(q.tbt.p99)] for p, s in summaries.items() for c, q in s.qos.items()]
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head] + rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n(attainment: requests whose every token met its class's cumulative deadline)"
 
 
 def _pct(x: float) -> str:
