@@ -65,7 +65,8 @@ class LLM:
         return self.tokenizer.encode(prompt)
 
     def _requests(self, prompts: Prompt | Sequence[Prompt],
-                  params: SamplingParams | Sequence[SamplingParams] | None) -> list[tuple[Any, SamplingParams | None]]:
+                  params: SamplingParams | Sequence[SamplingParams] | None,
+                  qos: str | Sequence[str | None] | None = None) -> list[tuple[Any, SamplingParams | None, str | None]]:
         if isinstance(prompts, str):
             prompts = [prompts]
         if not isinstance(prompts, Sequence) or not prompts:
@@ -76,16 +77,23 @@ class LLM:
             per_prompt = params
         else:
             raise ValueError(f"params must be one SamplingParams or one per prompt ({len(prompts)})")
-        return [(self._encode(p, i), sp) for i, (p, sp) in enumerate(zip(prompts, per_prompt))]
+        if qos is None or isinstance(qos, str):
+            classes: Sequence[str | None] = [qos] * len(prompts)
+        elif isinstance(qos, Sequence) and len(qos) == len(prompts):
+            classes = qos
+        else:
+            raise ValueError(f"qos must be one class name or one per prompt ({len(prompts)})")
+        return [(self._encode(p, i), sp, q) for i, (p, sp, q) in enumerate(zip(prompts, per_prompt, classes))]
 
     def _add_all(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None) -> list[str]:
+                 params: SamplingParams | Sequence[SamplingParams] | None,
+                 qos: str | Sequence[str | None] | None = None) -> list[str]:
         """Add every prompt or none: a bad one rolls back those added before it."""
         ids: list[str] = []
-        for i, (tokens, sp) in enumerate(self._requests(prompts, params)):
+        for i, (tokens, sp, q) in enumerate(self._requests(prompts, params, qos)):
             request_id = f"llm-{next(self._ids)}"
             try:
-                self.engine.add_request(request_id, tokens, sp)
+                self.engine.add_request(request_id, tokens, sp, qos=q)
             except (ValueError, TypeError) as exc:
                 for done in ids:
                     self.engine.abort(done)
@@ -112,10 +120,11 @@ class LLM:
     # ------------------------------------------------------------------ running
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, qos: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in prompt order. The progress bar
-        shows on a terminal only."""
-        ids = self._add_all(prompts, params)
+        shows on a terminal only. `qos`: the QoS class (one for all, or one per prompt)
+        when the LLM was made with qos_classes."""
+        ids = self._add_all(prompts, params, qos)
         order = {request_id: i for i, request_id in enumerate(ids)}
         results: list[RequestOutput | None] = [None] * len(ids)
         with tqdm(total=len(ids), desc="generate", unit="req", disable=None if use_tqdm else True) as bar:
@@ -127,18 +136,19 @@ class LLM:
 
     def chat(self, conversations: Conversation | Sequence[Conversation],
              params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
+             use_tqdm: bool = True, qos: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """`generate` for conversations ([{"role": "user", "content": ...}, ...], or a
         list of them): each is rendered with the model's chat template, ending with the
         assistant's turn to speak."""
-        return self.generate(self._chat_prompts(conversations), params, use_tqdm)
+        return self.generate(self._chat_prompts(conversations), params, use_tqdm, qos)
 
     def stream(self, prompts: Prompt | Sequence[Prompt],
-               params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[RequestOutput]:
+               params: SamplingParams | Sequence[SamplingParams] | None = None,
+               qos: str | Sequence[str | None] | None = None) -> Iterator[RequestOutput]:
         """Yield each step's output for each of these prompts (new_token_ids holds the
         step's token, new_text its text); a request's last output has finished=True.
         Closing the iterator early aborts what is still running."""
-        yield from self._drive(set(self._add_all(prompts, params)))
+        yield from self._drive(set(self._add_all(prompts, params, qos)))
 
     def _drive(self, ids: set[str]) -> Iterator[RequestOutput]:
         live = set(ids)
@@ -155,16 +165,16 @@ class LLM:
                     self.engine.abort(request_id)
 
     async def astream(self, prompts: Prompt | Sequence[Prompt],
-                      params: SamplingParams | Sequence[SamplingParams] | None = None
-                      ) -> AsyncIterator[RequestOutput]:
+                      params: SamplingParams | Sequence[SamplingParams] | None = None,
+                      qos: str | Sequence[str | None] | None = None) -> AsyncIterator[RequestOutput]:
         """`stream` for asyncio: steps run in a worker thread between yields."""
         aengine = self._async_engine()
         queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         live: set[str] = set()
         try:
-            for tokens, sp in self._requests(prompts, params):
+            for tokens, sp, q in self._requests(prompts, params, qos):
                 request_id = f"llm-{next(self._ids)}"
-                await aengine.add_request(request_id, tokens, sp, queue)
+                await aengine.add_request(request_id, tokens, sp, queue, qos=q)
                 live.add(request_id)
             while live:
                 out = await queue.get()

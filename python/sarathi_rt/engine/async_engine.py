@@ -26,13 +26,14 @@ class AsyncLLMEngine:
         self._aborts: set[asyncio.Task[bool]] = set()  # kept referenced until they run
 
     async def add_request(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None,
-                          queue: asyncio.Queue[RequestOutput | Exception] | None = None
+                          queue: asyncio.Queue[RequestOutput | Exception] | None = None, *, qos: str | None = None
                           ) -> asyncio.Queue[RequestOutput | Exception]:
-        """Queue a request; its outputs (or the exception that ended the loop) go to
-        `queue` (a new one if None), which is returned. Bad input raises here."""
+        """Queue a request (of QoS class `qos`); its outputs (or the exception that
+        ended the loop) go to `queue` (a new one if None), which is returned. Bad input
+        raises here."""
         queue = asyncio.Queue() if queue is None else queue
         async with self._lock:
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, params, qos=qos)
             self._queues[request_id] = queue
         self._ensure_running()
         return queue
@@ -48,11 +49,11 @@ class AsyncLLMEngine:
         return True
 
     async def generate(self, prompt: Sequence[int], params: SamplingParams | None = None,
-                       request_id: Hashable | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: Hashable | None = None, qos: str | None = None) -> AsyncIterator[RequestOutput]:
         """Yield one output per step that gives this request a token, the last one with
         finished=True. Leaving the loop early aborts the request."""
         request_id = object() if request_id is None else request_id
-        queue = await self.add_request(request_id, prompt, params)
+        queue = await self.add_request(request_id, prompt, params, qos=qos)
         async with contextlib.aclosing(self.outputs(request_id, queue)) as outputs:  # closed now, not at GC
             async for out in outputs:
                 yield out

@@ -1,12 +1,14 @@
 """Everything an engine is built from, checked once."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from sarathi_rt.models import ModelConfig, parse_dtype
+from sarathi_rt.scheduler.qos import QoSClass, check_qos_settings
 
 
 DEFAULT_MAX_NUM_SEQS = 128
@@ -39,7 +41,11 @@ class EngineConfig:
     With pipeline_parallel_size > 1 a step is a micro-batch and the model learns its
     time from submission to output, the gap its requests see between two tokens.
     enable_prefix_caching: requests share the KV blocks of prompt prefixes computed
-    before (outputs are the same with it on or off; see the README)."""
+    before (outputs are the same with it on or off; see the README).
+    qos_classes / default_qos / qos_policy: QoS classes with deadlines, as
+    SchedulerConfig's; a request names its class in add_request(qos=). The deadline
+    policy sizes steps with the same online step-time model as tbt_slo. Outputs are the
+    same with and without classes (only order and timing move)."""
 
     model: str | Path
     device: str | torch.device = "cpu"
@@ -59,6 +65,9 @@ class EngineConfig:
     worker_timeout: float = 300.0
     tbt_slo: float | None = None
     enable_prefix_caching: bool = True
+    qos_classes: Mapping[str, QoSClass] | None = None
+    default_qos: str | None = None
+    qos_policy: str = "deadline"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs is None and isinstance(self.token_budget, int):
@@ -87,6 +96,8 @@ class EngineConfig:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+        object.__setattr__(self, "qos_classes", check_qos_settings(self.qos_classes, self.default_qos,
+                                                                   self.qos_policy))
         if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
         if isinstance(self.worker_timeout, bool) or not isinstance(self.worker_timeout, (int, float)) \

@@ -65,9 +65,10 @@ class LLMEngine:
             # each micro-batch in flight needs its own partial prompt to keep stages fed.
             max_partial_prefills=config.pipeline_parallel_size,
             enable_prefix_caching=config.enable_prefix_caching,
-            tile_size=resolve_tile_size(config.tile_size, self.model_config, config), tbt_slo=config.tbt_slo)
+            tile_size=resolve_tile_size(config.tile_size, self.model_config, config), tbt_slo=config.tbt_slo,
+            qos_classes=config.qos_classes, default_qos=config.default_qos, qos_policy=config.qos_policy)
         # The adaptive budget's step-time model learns from every step this engine runs.
-        self.step_time_model = OnlineStepTimeModel() if config.tbt_slo is not None else None
+        self.step_time_model = OnlineStepTimeModel() if self.scheduler_config.needs_step_time_model else None
         self.scheduler = create_scheduler(self.scheduler_config, self.step_time_model)
         self.step_metrics: deque[StepMetrics] = deque(maxlen=self.METRICS_WINDOW)
         self.stage_metrics: deque[StageMetrics] = deque(maxlen=self.METRICS_WINDOW)
@@ -82,10 +83,11 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, qos: str | None = None) -> None:
         """Queue a prompt (token ids). arrival_time defaults to now (time.perf_counter).
-        Everything is checked before the request is registered, so a bad one leaves no
-        trace."""
+        `qos` names the request's QoS class (config.qos_classes; default
+        config.default_qos). Everything is checked before the request is registered, so
+        a bad one leaves no trace."""
         try:
             hash(request_id)
         except TypeError:
@@ -116,8 +118,13 @@ class LLMEngine:
         detokenizer = None if self.tokenizer is None else \
             Detokenizer(self.tokenizer, tokens, params.skip_special_tokens, params.stop)
         seq = SequenceState(request_id, tokens, params, seed, max_new, frozenset(stops), metrics,
-                       logprobs=[] if params.logprobs else None, detokenizer=detokenizer)
-        self.scheduler.add_request(request_id, len(tokens), max_new, prompt_token_ids=tokens)  # last: it may refuse
+                            logprobs=None if params.logprobs is None else [], detokenizer=detokenizer,
+                            prompt_logprobs=None if params.prompt_logprobs is None else [None])
+        # Prompt logprobs need every prompt position's logits: no cached prefix for them.
+        cache_keys = tokens if params.prompt_logprobs is None else None
+        self.scheduler.add_request(request_id, len(tokens), max_new, prompt_token_ids=cache_keys,  # last: it may refuse
+                                   qos=qos, arrival_time=metrics.arrival_time)
+        metrics.qos = self.scheduler.request_info(request_id).qos  # default_qos applied
         self._seqs[request_id] = seq
 
     def _check_prompt(self, prompt: object) -> list[int]:
@@ -190,9 +197,11 @@ class LLMEngine:
         """Schedule a plan and start it on the executor; False if nothing could run."""
         start = time.perf_counter()
         with nvtx_range("schedule"):
-            plan = self.scheduler.schedule()
+            plan = self.scheduler.schedule(start)
         for request_id in plan.preempted:
             self._seqs[request_id].metrics.num_preemptions += 1
+        for request_id in plan.relegated:
+            self._seqs[request_id].metrics.relegated = True
         if plan.is_empty:
             self.scheduler.update(plan)
             return False
@@ -217,7 +226,9 @@ class LLMEngine:
                 seq.metrics.num_cached_tokens = e.start_pos  # what the prefix cache skipped
             chunks.append(SequenceChunk(e.request_id, seq.tokens(e.start_pos, e.num_tokens), e.start_pos,
                                         self.scheduler.block_table(e.request_id),
-                                        seq.row_sampling() if e.emits_token else None))
+                                        seq.row_sampling() if e.emits_token else None,
+                                        seq.prompt_targets(e.start_pos, e.num_tokens),
+                                        seq.params.prompt_logprobs or 0))
         return StepInput(plan.step, chunks)
 
     def _process(self, plan: BatchPlan, seqs: list[SequenceState], out: StepOutput,
@@ -231,6 +242,9 @@ class LLMEngine:
         waited = pipeline_wait(out.stages)
         for seq in seqs if waited else ():
             seq.metrics.bubble_time += waited
+        for e, seq, scored in zip(plan.entries, seqs, out.prompt_logprobs):
+            if scored is not None and seq.finish_reason != "abort":
+                seq.add_prompt_logprobs(e.start_pos, scored)
         for (e, seq), token, logprob in zip(emitting, out.token_ids, out.logprobs):
             if seq.finish_reason == "abort":  # aborted while this step ran
                 continue

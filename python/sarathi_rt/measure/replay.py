@@ -30,8 +30,10 @@ def warm_up(engine: LLMEngine, num_tokens: int = 32) -> None:
     initialisation, kernel selection) do not land in the measured run."""
     from sarathi_rt.sampling import SamplingParams
 
+    classes = engine.scheduler_config.qos_classes
+    qos = None if classes is None or engine.scheduler_config.default_qos else next(iter(classes))
     engine.add_request("__warmup__", list(range(3, 3 + num_tokens)),
-                       SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+                       SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), qos=qos)
     while engine.has_unfinished():
         engine.step()
 
@@ -60,7 +62,8 @@ def replay(engine: LLMEngine, workload: Sequence[RequestSpec], *, seed: int = 0,
         while pending and t0 + pending[0].arrival_time <= now:
             r = pending.popleft()
             params = SamplingParams(max_tokens=r.num_decode_tokens, temperature=0.0, ignore_eos=True)
-            engine.add_request(r.request_id, prompts[r.request_id], params, arrival_time=t0 + r.arrival_time)
+            engine.add_request(r.request_id, prompts[r.request_id], params, arrival_time=t0 + r.arrival_time,
+                               qos=r.qos)
         if not engine.has_unfinished():
             time.sleep(max(0.0, t0 + pending[0].arrival_time - time.perf_counter()))
             continue

@@ -5,7 +5,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .qos import QOS_POLICIES, QoSClass, qos_classes_from
+from .qos import QoSClass, check_qos_settings
 from .registry import get_policy
 
 
@@ -97,20 +97,12 @@ class SchedulerConfig:
         policy_cls.check_config(self)
 
     def _check_qos(self, adaptive: bool) -> None:
-        if self.qos_policy not in QOS_POLICIES:
-            raise ValueError(f"qos_policy must be one of {QOS_POLICIES}, got {self.qos_policy!r}")
         w = self.qos_srpf_weight
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not (w >= 0 and math.isfinite(w)):
             raise ValueError(f"qos_srpf_weight must be a finite number >= 0, got {w!r}")
-        if self.qos_classes is None:
-            if self.default_qos is not None:
-                raise ValueError(f"default_qos {self.default_qos!r} needs qos_classes")
-            return
-        object.__setattr__(self, "qos_classes", qos_classes_from(self.qos_classes))
-        if self.default_qos is not None and self.default_qos not in self.qos_classes:  # type: ignore[operator]
-            raise ValueError(f"default_qos must be one of {sorted(self.qos_classes)}, "  # type: ignore[arg-type]
-                             f"got {self.default_qos!r}")
-        if self.qos_policy == "deadline" and not adaptive:
+        object.__setattr__(self, "qos_classes", check_qos_settings(self.qos_classes, self.default_qos,
+                                                                   self.qos_policy))
+        if self.qos_classes is not None and self.qos_policy == "deadline" and not adaptive:
             raise ValueError(f"qos_policy 'deadline' is not supported by policy {self.policy!r} "
                              "(use qos_policy='fcfs' or policy 'sarathi')")
 

@@ -62,3 +62,19 @@ def qos_classes_from(value: object, field: str = "qos_classes") -> Mapping[str, 
             raise ValueError(f"{field}[{name!r}] must be a QoSClass, got {type(cls).__name__}")
         out[name] = cls
     return MappingProxyType(out)
+
+
+def check_qos_settings(qos_classes: object, default_qos: object,
+                       qos_policy: object) -> Mapping[str, QoSClass] | None:
+    """The classes as qos_classes_from makes them, once default_qos names one of them
+    and qos_policy is known (the checks SchedulerConfig and EngineConfig share)."""
+    if qos_policy not in QOS_POLICIES:
+        raise ValueError(f"qos_policy must be one of {QOS_POLICIES}, got {qos_policy!r}")
+    if qos_classes is None:
+        if default_qos is not None:
+            raise ValueError(f"default_qos {default_qos!r} needs qos_classes")
+        return None
+    classes = qos_classes_from(qos_classes)
+    if default_qos is not None and default_qos not in classes:
+        raise ValueError(f"default_qos must be one of {sorted(classes)}, got {default_qos!r}")
+    return classes

@@ -1,0 +1,74 @@
+"""QoS classes in the engine, LLM and AsyncLLMEngine: outputs identical with and without
+classes (only order and timing move), per-class metrics, relegation reported, bad classes
+refused while everyone else is served."""
+import asyncio
+
+import pytest
+
+from sarathi_rt import LLM, SamplingParams
+from sarathi_rt.engine import AsyncLLMEngine
+from sarathi_rt.measure.metrics import summarize
+from sarathi_rt.scheduler import QoSClass
+
+CLASSES = {"chat": QoSClass(ttft=5.0, tbt=1.0, priority=1), "batch": QoSClass(ttft=60.0, tbt=5.0)}
+OPTS = dict(num_kv_blocks=64, block_size=8, token_budget=32, chunk_size=16, max_num_seqs=8)
+PROMPTS = [[(7 * i + j) % 200 + 3 for j in range(5 + 9 * i)] for i in range(6)]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain() -> list[list[int]]:
+    return [list(o.token_ids) for o in LLM("tiny", **OPTS).generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("policy", ["deadline", "fcfs"])
+def test_greedy_outputs_identical_with_and_without_classes(plain, policy) -> None:
+    llm = LLM("tiny", qos_classes=CLASSES, qos_policy=policy, **OPTS)
+    qos = ["chat" if i % 2 else "batch" for i in range(len(PROMPTS))]
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False, qos=qos)
+    assert [list(o.token_ids) for o in outs] == plain
+    assert [o.metrics.qos for o in outs] == qos
+    assert all(o.relegated is False for o in outs)  # generous deadlines
+    summary = summarize([o.metrics for o in outs], list(llm.engine.step_metrics), qos_classes=CLASSES)
+    assert summary.qos["chat"].num_requests == 3 and summary.qos["chat"].attainment == 1.0
+
+
+def test_hopeless_request_is_relegated_and_still_served() -> None:
+    llm = LLM("tiny", qos_classes={"rush": QoSClass(ttft=1e-6, tbt=1e-6)}, default_qos="rush", **OPTS)
+    out = llm.generate([PROMPTS[5]], GREEDY, use_tqdm=False)[0]
+    assert out.relegated and len(out.token_ids) == 8 and out.finish_reason == "length"
+
+
+def test_bad_class_is_refused_and_the_rest_run() -> None:
+    llm = LLM("tiny", qos_classes=CLASSES, **OPTS)
+    with pytest.raises(ValueError, match=r"prompts\[1\]: qos must be one of"):
+        llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False, qos=["chat", "gold"])
+    with pytest.raises(ValueError, match="qos is required"):
+        llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="one class name or one per prompt"):
+        llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False, qos=["chat"])
+    aborted = llm.engine.step()  # the rolled-back requests report their abort
+    assert all(o.finish_reason == "abort" for o in aborted) and not llm.engine.has_unfinished()
+    assert len(llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False, qos="chat")) == 2
+    with pytest.raises(ValueError, match="no qos_classes"):
+        LLM("tiny", **OPTS).generate(PROMPTS[:1], GREEDY, use_tqdm=False, qos="chat")
+    with pytest.raises(ValueError, match="default_qos must be one of"):
+        LLM("tiny", qos_classes=CLASSES, default_qos="gold", **OPTS)
+
+
+def test_async_engine_takes_a_class(plain) -> None:
+    llm = LLM("tiny", qos_classes=CLASSES, **OPTS)
+
+    async def main() -> list[list[int]]:
+        aengine = AsyncLLMEngine(llm.engine)
+
+        async def one(i: int) -> list[int]:
+            last = None
+            async for out in aengine.generate(PROMPTS[i], GREEDY, request_id=i, qos="chat" if i % 2 else "batch"):
+                last = out
+            assert last is not None and last.metrics.qos == ("chat" if i % 2 else "batch")
+            return list(last.token_ids)
+
+        return await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
+
+    assert asyncio.run(main()) == plain
