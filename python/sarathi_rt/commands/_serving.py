@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -12,11 +13,13 @@ from typing import Callable, Iterable, Sequence
 
 from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics
 from sarathi_rt.measure.step_timing import measure_step_curve
-from sarathi_rt.scheduler import SchedulerConfig, available_policies, get_policy
+from sarathi_rt.scheduler import QoSClass, SchedulerConfig, available_policies, get_policy
+from sarathi_rt.scheduler.qos import QOS_POLICIES, qos_classes_from
 from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
 from sarathi_rt.sim.budget import ENGINE_ADAPTIVE_CAP, SIMULATOR_ADAPTIVE_CAP, choose_token_budget, loaded_curve
 from sarathi_rt.sim.shape_model import ShapeCostModel
-from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, data_path, make_workload
+from sarathi_rt.workloads import (ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, check_qos_mix, data_path,
+                                  make_workload)
 
 DEFAULT_PROFILE = "a100_llama-2-7b_mlp.csv.gz"
 REAL_MODEL = "smollm2-135m-instruct"
@@ -38,7 +41,7 @@ def optional_plots() -> ModuleType | None:
 # would ignore is an error naming it, never silently dropped.
 SCHEDULER_FLAGS = {"token_budget": None, "chunk_size": None, "tile_size": None, "max_num_seqs": None,
                    "block_size": 16, "num_blocks": None, "adaptive_budget": False, "budget_rule": None,
-                   "budget_tile": None}
+                   "budget_tile": None, "qos_classes": None, "qos_mix": None, "qos_policy": None}
 ENGINE_FLAGS = {"model": None, "device": "cpu", "dtype": "float32", "threads": 1, "tensor_parallel_size": 1,
                 "pipeline_parallel_size": 1, "worker_timeout": 300.0}
 SIMULATOR_FLAGS = {"vidur_profile": None, "step_profile": None, "hardware": None, "num_layers": 32, "tp": 1,
@@ -82,6 +85,14 @@ def add_common_args(p: argparse.ArgumentParser, policies: str, model: str = "cpu
                         "slo-static (one budget, the largest tile-aligned step measured or modelled within "
                         "the SLO)")
     s.add_argument("--budget-tile", type=int, help="tile the slo-static budget is a multiple of (default 128)")
+    s.add_argument("--qos-classes", metavar="FILE.json",
+                   help='QoS classes with deadlines, e.g. {"chat": {"ttft": 2.0, "tbt": 0.08}, "batch": '
+                        '{"ttft": 60, "tbt": 0.5}} (seconds; needs --qos-mix)')
+    s.add_argument("--qos-mix", metavar="NAME=FRACTION,...",
+                   help="the share of requests in each class, e.g. chat=0.35,batch=0.65 (seeded)")
+    s.add_argument("--qos-policy", choices=QOS_POLICIES,
+                   help="with --qos-classes: deadline (the default; policy sarathi, the others always fcfs) "
+                        "or fcfs (classes measured, not scheduled by)")
     e = p.add_argument_group("engine (without --simulate)")
     e.add_argument("--model", help=f"named model ({REAL_MODEL}), GGUF file, Hugging Face "
                                     f"directory or preset (tiny, cpu-small; default {model})")
@@ -176,9 +187,57 @@ def parse_policies(text: str) -> list[str]:
     return names
 
 
+def load_qos_classes(path: str) -> dict[str, QoSClass]:
+    """--qos-classes FILE.json: {name: {"ttft": s, "tbt": s[, "priority": int]}}."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"--qos-classes {path!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--qos-classes {path!r} is not valid JSON: {exc}") from None
+    return dict(qos_classes_from(data, "--qos-classes"))
+
+
+def parse_qos_mix(text: str) -> dict[str, float]:
+    """--qos-mix chat=0.35,batch=0.65."""
+    mix = {}
+    for part in text.split(","):
+        name, sep, frac = part.partition("=")
+        try:
+            mix[name.strip()] = float(frac)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ValueError(f"--qos-mix must be NAME=FRACTION,... (e.g. chat=0.35,batch=0.65), got {text!r}")
+    try:
+        return check_qos_mix(mix)
+    except ValueError as exc:
+        raise ValueError(f"--qos-mix: {exc}") from None
+
+
+def _resolve_qos(args: argparse.Namespace) -> None:
+    """Parse --qos-classes and --qos-mix in place; they come together, and every class
+    of the mix must be defined."""
+    if getattr(args, "qos_classes", None) is None:
+        given = _given(args, ["qos_mix", "qos_policy", "attainment"])
+        if given:
+            raise ValueError(f"{', '.join(given)} needs --qos-classes")
+        return
+    args.qos_classes = load_qos_classes(args.qos_classes)
+    if args.qos_mix is None:
+        raise ValueError("--qos-classes needs --qos-mix (the share of requests in each class)")
+    args.qos_mix = parse_qos_mix(args.qos_mix)
+    unknown = sorted(set(args.qos_mix) - set(args.qos_classes))
+    if unknown:
+        raise ValueError(f"--qos-mix names {unknown}, not classes of --qos-classes ({sorted(args.qos_classes)})")
+    args.qos_policy = args.qos_policy or "deadline"
+
+
 def workload_config(args: argparse.Namespace, qps: float, max_total_tokens: int | None) -> WorkloadConfig:
     return WorkloadConfig(num_requests=args.num_requests, qps=qps, arrival=args.arrival, lengths=args.trace,
-                          length_scale=args.length_scale, max_total_tokens=max_total_tokens, seed=args.seed)
+                          length_scale=args.length_scale, max_total_tokens=max_total_tokens, seed=args.seed,
+                          qos_mix=getattr(args, "qos_mix", None))
 
 
 def scheduler_config(args: argparse.Namespace, policy: str, workload: Sequence[RequestSpec],
@@ -188,6 +247,8 @@ def scheduler_config(args: argparse.Namespace, policy: str, workload: Sequence[R
     defaults to the model length in the same way)."""
     budget, chunk = args.token_budget, args.chunk_size
     adaptive = args.adaptive_budget and get_policy(policy).adaptive
+    # The deadline policy needs an adaptive one; the others are measured per class under FCFS.
+    qos_policy = args.qos_policy if get_policy(policy).adaptive else "fcfs"
     if not get_policy(policy).chunked:
         budget = max(budget, max(r.num_prompt_tokens + r.num_decode_tokens for r in workload))
         chunk = None
@@ -196,7 +257,9 @@ def scheduler_config(args: argparse.Namespace, policy: str, workload: Sequence[R
     return SchedulerConfig(policy=policy, token_budget=budget, chunk_size=chunk,
                            max_num_seqs=min(args.max_num_seqs, budget), block_size=args.block_size,
                            num_blocks=num_blocks, tile_size=args.tile_size,
-                           max_partial_prefills=getattr(args, "pipeline_stages", None) or 1, tbt_slo=args.tbt_slo if adaptive else None)
+                           max_partial_prefills=getattr(args, "pipeline_stages", None) or 1,
+                           tbt_slo=args.tbt_slo if adaptive else None, qos_classes=args.qos_classes,
+                           qos_policy=qos_policy or "deadline")
 
 
 @dataclass
@@ -260,7 +323,8 @@ class EngineBackend:
                               token_budget=cfg.token_budget, chunk_size=cfg.chunk_size,
                               max_num_seqs=cfg.max_num_seqs, block_size=self.args.block_size,
                               num_kv_blocks=self.num_blocks, tile_size=self.args.tile_size, seed=self.args.seed,
-                              tbt_slo=cfg.tbt_slo, tensor_parallel_size=self.args.tensor_parallel_size,
+                              tbt_slo=cfg.tbt_slo, qos_classes=cfg.qos_classes, qos_policy=cfg.qos_policy,
+                              tensor_parallel_size=self.args.tensor_parallel_size,
                               pipeline_parallel_size=self.args.pipeline_parallel_size,
                               worker_timeout=self.args.worker_timeout)
         if self._executor is None:  # the first engine starts the workers (in-process, spawned or torchrun)
@@ -324,6 +388,7 @@ def fill_defaults(args: argparse.Namespace, **by_mode: tuple[object, object]) ->
     only a cap: 512 on the engine, 4096 simulated."""
     backend = resolve_flags(args)
     simulate = backend == "simulator"
+    _resolve_qos(args)
     if backend != "endpoint":
         _choose_budget_rule(args)
         if args.budget_rule == "slo-static":

@@ -1,7 +1,8 @@
 """`sarathi-rt capacity`: the highest QPS each policy serves with P99 TBT within the SLO
-and P50 scheduling delay within 2 s, found by bisection on the engine or (--simulate)
-on the simulator. Without --token-budget the chunked policies get the default budget
-rule: each step sized to the SLO (the adaptive budget); `--budget-rule slo-static`
+and P50 scheduling delay within 2 s (with --qos-classes: with every class at or above
+--attainment), found by bisection on the engine or (--simulate) on the simulator.
+Without --token-budget the chunked policies get the default budget rule: each step
+sized to the SLO (the adaptive budget); `--budget-rule slo-static`
 derives one static budget instead, the largest tile-aligned step whose measured (or
 modelled) time stays within the SLO."""
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import json
 import os
 
-from sarathi_rt.sim.capacity import SLO, CapacityResult, find_capacity
+from sarathi_rt.sim.capacity import SLO, AttainmentSLO, CapacityResult, find_capacity
 from sarathi_rt.measure.metrics import MetricsSummary, summarize
 from sarathi_rt.workloads import make_workload
 
@@ -23,7 +24,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("capacity", help="max QPS per policy under a TBT SLO",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, policies="sarathi,vllm")
-    p.add_argument("--tbt-slo", type=float, required=True, help="P99 time-between-tokens target (s)")
+    p.add_argument("--tbt-slo", type=float, help="P99 time-between-tokens target (s); required without "
+                                                   "--qos-classes")
+    p.add_argument("--attainment", type=float,
+                   help="with --qos-classes: the share of each class's requests that must meet their deadlines "
+                        "(default 0.99)")
     p.add_argument("--max-sched-delay", type=float, default=2.0, help="P50 scheduling delay limit (s)")
     p.add_argument("--qps-start", type=float, default=1.0, help="first rate probed")
     p.add_argument("--rel-tol", type=float, default=0.02, help="stop when the bracket is this tight")
@@ -34,7 +39,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     fill_defaults(args, num_requests=(12, 1000), length_scale=(1 / 8, 1.0), max_num_seqs=(32, 128))
     policies = parse_policies(args.policy)
-    slo = SLO(args.tbt_slo, args.max_sched_delay)
+    slo: SLO | AttainmentSLO
+    if args.qos_classes is not None:
+        if args.token_budget is None:
+            raise ValueError("--qos-classes without --tbt-slo needs --token-budget")
+        slo = AttainmentSLO(0.99 if args.attainment is None else args.attainment)
+    elif args.tbt_slo is None:
+        raise ValueError("--tbt-slo is required (or --qos-classes with --qos-mix)")
+    else:
+        slo = SLO(args.tbt_slo, args.max_sched_delay)
     backend = make_backend(args)
     try:
         return _capacity(args, policies, slo, backend)
@@ -52,9 +65,10 @@ def _capacity(args: argparse.Namespace, policies: list[str], slo: SLO, backend: 
 
         def at_qps(qps: float, policy: str = policy) -> MetricsSummary:
             workload = make_workload(dataclasses.replace(config, qps=qps))
-            summary = summarize(*backend.run(policy, workload, None), args.stall_factor)
+            summary = summarize(*backend.run(policy, workload, None), args.stall_factor, args.qos_classes)
+            classes = "".join(f", {c} {q.attainment:.1%}" for c, q in summary.qos.items())
             print(f"  {policy} @ {qps:.4g} QPS: P99 TBT {summary.tbt.p99 * 1e3:.1f} ms, "
-                  f"P50 sched delay {summary.sched_delay.p50:.3g} s")
+                  f"P50 sched delay {summary.sched_delay.p50:.3g} s{classes}")
             return summary
 
         results[policy] = find_capacity(at_qps, slo, policy=policy, qps_start=args.qps_start,

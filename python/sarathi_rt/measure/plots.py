@@ -78,14 +78,16 @@ def plot_step_time(profile: StepTimeCurve, choice: BudgetChoice, path: PathLike)
             title=f"step time ({profile.num_decodes} decodes at context {profile.context_len}) {profile.label}")
 
 
-def plot_capacity(results: Mapping[str, CapacityResult], tbt_slo: float, path: PathLike) -> None:
-    """P99 TBT against QPS for every probe of each policy's capacity search."""
+def plot_capacity(results: Mapping[str, CapacityResult], tbt_slo: float | None, path: PathLike) -> None:
+    """P99 TBT against QPS for every probe of each policy's capacity search (and the
+    SLO's line, if the search had one)."""
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
     for policy, result in results.items():
         probes = sorted(result.probes, key=lambda p: p.qps)
         ax.plot([p.qps for p in probes], [p.tbt_p99 * 1e3 for p in probes], marker="o",
                 label=f"{policy} (capacity {result.max_qps:.3g} QPS)")
-    ax.axhline(tbt_slo * 1e3, color="gray", linestyle="--", label="TBT SLO")
+    if tbt_slo is not None:
+        ax.axhline(tbt_slo * 1e3, color="gray", linestyle="--", label="TBT SLO")
     ax.set_yscale("log")
     _finish(ax, path, xlabel="load (QPS)", ylabel="P99 TBT (ms)", title="P99 TBT vs load")

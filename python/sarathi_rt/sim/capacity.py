@@ -33,6 +33,23 @@ class SLO:
 
 
 @dataclass(frozen=True)
+class AttainmentSLO:
+    """With QoS classes: every class with requests has at least `target` of them
+    meeting their deadlines (MetricsSummary.qos)."""
+
+    target: float = 0.99
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target, bool) or not isinstance(self.target, (int, float)) or not 0 < self.target <= 1:
+            raise ValueError(f"attainment must be in (0, 1], got {self.target!r}")
+
+    def met_by(self, summary: MetricsSummary) -> bool:
+        if not summary.qos:
+            raise ValueError("attainment needs QoS classes in the summary (summarize(..., qos_classes))")
+        return all(q.attainment >= self.target for q in summary.qos.values() if q.num_requests)
+
+
+@dataclass(frozen=True)
 class Probe:
     qps: float
     tbt_p99: float
@@ -47,7 +64,7 @@ class CapacityResult:
     probes: list[Probe] = field(default_factory=list)
 
 
-def find_capacity(run: Callable[[float], MetricsSummary], slo: SLO, *, policy: str = "",
+def find_capacity(run: Callable[[float], MetricsSummary], slo: SLO | AttainmentSLO, *, policy: str = "",
                   qps_start: float = 1.0, rel_tol: float = 0.02, max_probes: int = 30,
                   min_qps: float = 1e-3, qps_max: float = math.inf) -> CapacityResult:
     """Largest QPS at which `run(qps)` meets `slo`, to within `rel_tol` (relative),
@@ -91,7 +108,7 @@ def find_capacity(run: Callable[[float], MetricsSummary], slo: SLO, *, policy: s
 
 
 def simulated_capacity(workload: WorkloadConfig, scheduler_config: SchedulerConfig, cost_model: CostModel,
-                       slo: SLO, *, pipeline_stages: int = 1, stall_factor: float = DEFAULT_STALL_FACTOR,
+                       slo: SLO | AttainmentSLO, *, pipeline_stages: int = 1, stall_factor: float = DEFAULT_STALL_FACTOR,
                        **search: float | int) -> CapacityResult:
     """find_capacity on the simulator: the same requests (seeded) at each probed rate."""
 

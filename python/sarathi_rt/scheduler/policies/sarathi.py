@@ -61,15 +61,15 @@ class SarathiScheduler(Scheduler):
         decodes, prefills = self._split_running()
         self._schedule_decodes(b, decodes)
         cfg = self.config
-        order = self._deadline_order(b, prefills) if cfg.deadline_aware else None
+        pending = self._deadline_order(b, prefills) if cfg.deadline_aware else None
         keep = 0
         if cfg.needs_step_time_model:
             past_prompt = self._decodes()  # in flight or not
             self._size_budget(b, prefills, past_prompt)
             # Blocks kept free for the decodes' next steps (see _decode_need).
             keep = self._decode_need(past_prompt)
-        if order is not None:
-            self._fill_by_deadline(b, order, keep)
+        if pending is not None:
+            self._fill_by_deadline(b, pending, keep)
             return
         # Prompts that will still be partial after this step (in-flight ones counted
         # as partial, conservatively); a newcomer may only add to these within limits.
@@ -95,28 +95,30 @@ class SarathiScheduler(Scheduler):
                 num_partial += 1
             self._admit(b, n)
 
-    def _deadline_order(self, b: StepBuilder, prefills: list[Request]) -> DeadlineOrder:
-        """Relegate the requests that can no longer make their first token, and sort
-        `prefills` and the waiting queue in place by the order's key."""
+    def _deadline_order(self, b: StepBuilder, prefills: list[Request]) -> list[Request]:
+        """Relegate the requests that can no longer make their first token; returns the
+        prefills in progress and the waiting requests in one list sorted by
+        DeadlineOrder.key, and sorts `prefills` and the waiting queue the same way."""
         plan = b.plan
         decode_kv = plan.num_decode_tokens + sum(e.start_pos for e in plan.entries)
         order = DeadlineOrder(self.step_time_model, self._now, self.config.qos_srpf_weight,  # type: ignore[arg-type]
                               self.config.token_budget, plan.num_decode_tokens, decode_kv)
         pending = sorted(itertools.chain(prefills, self._waiting), key=order.key)
         plan.relegated.extend(r.request_id for r in order.relegate(pending))
-        prefills.sort(key=order.key)
-        self._waiting = deque(sorted(self._waiting, key=order.key))
-        return order
+        pending.sort(key=lambda r: r.relegated)  # stable: the newly relegated move behind, in key order
+        prefills[:] = [r for r in pending if r.status is RequestStatus.RUNNING]
+        self._waiting = deque(r for r in pending if r.status is RequestStatus.WAITING)
+        return pending
 
-    def _fill_by_deadline(self, b: StepBuilder, order: DeadlineOrder, keep: int) -> None:
-        """Prefills in progress and newcomers in one order (by `order.key`): the waiting
-        queue is sorted by the same key, so each newcomer met is the queue's head."""
+    def _fill_by_deadline(self, b: StepBuilder, pending: list[Request], keep: int) -> None:
+        """Prefills in progress and newcomers in one order (`pending`, from
+        _deadline_order): the waiting queue is in the same order, so each newcomer met
+        is the queue's head."""
         cfg = self.config
-        _, prefills = self._split_running()
         # In-flight partial prompts rank ahead of everything (conservatively, as above).
         ahead = sum(1 for r in self._running.values() if r.in_flight and r.num_computed < r.prefill_target)
         admitting = b.admission_open
-        for req in sorted(itertools.chain(prefills, self._waiting), key=order.key):
+        for req in pending:
             if b.budget_left <= 0:
                 return
             if req.status is RequestStatus.RUNNING:
