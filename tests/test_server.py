@@ -214,6 +214,8 @@ def test_models_health_and_metrics(served) -> None:
     assert m['sarathi_rt_time_to_first_token_seconds_bucket{le="+Inf"}'] == m["sarathi_rt_time_to_first_token_seconds_count"] > 0
     assert m["sarathi_rt_time_between_tokens_seconds_count"] > 0
     assert m["sarathi_rt_kv_blocks_total"] == 256 and m["sarathi_rt_requests_waiting"] == 0
+    assert m["sarathi_rt_slo_window_requests"] > 0 and m["sarathi_rt_time_between_tokens_max_seconds"] > 0
+    assert 0 <= m["sarathi_rt_prefill_wait_share"] <= 1 and "sarathi_rt_goodput_requests_per_second NaN" in text
 
 
 def test_bench_replays_a_workload_against_the_endpoint(served, tmp_path, capsys) -> None:

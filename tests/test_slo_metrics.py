@@ -29,6 +29,9 @@ def test_prefill_wait_share_and_tails() -> None:
     assert m.goodput == 0.0
     assert slo_metrics(requests, steps, ttft_target=3.0, tbt_target=2.0).goodput == pytest.approx(2 / 4)
     assert math.isnan(slo_metrics(requests, steps).goodput)
+    # One target alone: a meets TTFT <= 1.5 (b does not); both meet TBT <= 2.
+    assert slo_metrics(requests, steps, ttft_target=1.5).goodput == pytest.approx(1 / 4)
+    assert slo_metrics(requests, steps, tbt_target=2.0).goodput == pytest.approx(2 / 4)
     assert m.step_error_p50 == pytest.approx(0.2) and m.under_predicted == 1.0
     with pytest.raises(ValueError, match="ttft_target"):
         slo_metrics(requests, steps, ttft_target=-1.0)
@@ -38,3 +41,34 @@ def test_predicted_duration_round_trips_through_csv(tmp_path) -> None:
     _, steps = _timeline()
     save_steps_csv(tmp_path / "s.csv", steps)
     assert load_steps_csv(tmp_path / "s.csv") == steps
+
+
+def test_server_metrics_export_the_same_slo_numbers() -> None:
+    """/metrics' SLO gauges and counters are slo_metrics' over the finished requests and
+    the engine's steps: one definition for bench, capacity and the server."""
+    pytest.importorskip("fastapi")
+    from types import SimpleNamespace
+
+    from sarathi_rt.server.stats import ServerStats
+
+    requests, steps = _timeline()
+    engine = SimpleNamespace(step_metrics=steps, scheduler_config=SimpleNamespace(num_blocks=8),
+                             scheduler=SimpleNamespace(num_running=0, num_waiting=0, num_free_blocks=8))
+    stats = ServerStats(ttft_target=3.0, tbt_target=2.0)
+    for r in requests:
+        stats.finished("length", r)
+    text = stats.render(engine)  # type: ignore[arg-type]
+    samples = {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
+    m = slo_metrics(requests, steps, 3.0, 2.0)
+    assert samples["sarathi_rt_time_between_tokens_p999_seconds"] == m.tbt_p999
+    assert samples["sarathi_rt_time_between_tokens_max_seconds"] == m.tbt_max == 2.0
+    assert samples["sarathi_rt_prefill_wait_share"] == m.prefill_wait_share == pytest.approx(0.5)
+    assert samples["sarathi_rt_goodput_requests_per_second"] == m.goodput == pytest.approx(0.5)
+    assert samples["sarathi_rt_requests_good_total"] == 2 and samples["sarathi_rt_slo_window_requests"] == 2
+    assert samples['sarathi_rt_request_max_time_between_tokens_seconds_bucket{le="+Inf"}'] == 1  # b has no gap
+    assert "# TYPE sarathi_rt_prefill_wait_share gauge" in text
+    untargeted = ServerStats().render(engine)  # type: ignore[arg-type]
+    assert "sarathi_rt_goodput_requests_per_second NaN" in untargeted
+    assert "sarathi_rt_requests_good_total 0" in untargeted
+    with pytest.raises(ValueError, match="tbt_target"):
+        ServerStats(tbt_target=0.0)

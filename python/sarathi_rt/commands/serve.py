@@ -44,6 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tbt-slo", type=float, default=None,
                    help="time-between-tokens target (s): size each step to it (the adaptive budget, "
                         "learned online from the engine's own steps)")
+    p.add_argument("--ttft-slo", type=float, default=None,
+                   help="time-to-first-token target (s) of the goodput /metrics reports (its TBT target: --tbt-slo)")
     p.add_argument("--chunk-size", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized from free memory")
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                   pipeline_parallel_size=args.pipeline_parallel_size, worker_timeout=args.worker_timeout,
                   enable_prefix_caching=args.prefix_caching)
         server = OpenAIServer(llm, args.served_model_name or str(args.model), max_waiting=args.max_waiting,
-                              limits=limits, docs=args.docs)
+                              limits=limits, docs=args.docs, ttft_slo=args.ttft_slo)
         http = DrainingServer(server, args.host, args.port, args.shutdown_timeout, args.log_level)
     except (ValueError, TypeError) as exc:
         if llm is not None:

@@ -1,7 +1,8 @@
 """SLO-first metrics of a serving run, beside MetricsSummary's percentiles: the tail of
 time-between-tokens (P99.9, each request's worst gap), how much of the decodes' waiting
 is prefill work, goodput against TTFT and TBT targets, and how well the adaptive
-budget's step-time model predicted the steps."""
+budget's step-time model predicted the steps. The one definition of these numbers:
+`bench` and `capacity` print them and the server's /metrics exports them."""
 from __future__ import annotations
 
 import bisect
@@ -18,8 +19,8 @@ class SLOMetrics:
     request's largest gap, as a distribution over requests. prefill_wait_share: of the
     time between a request's tokens, the share its steps spent on prefill tokens (a step
     counts in proportion to its prefill tokens; a prefill-only step fully). goodput:
-    requests per second that finished with TTFT <= ttft_target and their own P99 TBT
-    (their worst gap, under 100 gaps) <= tbt_target; NaN without targets.
+    requests per second (from the first arrival to the last finish) that finished
+    meeting the targets given (meets_targets); NaN without a target.
     step_error_p50 / p99: |actual - predicted| / actual of the steps that carry a
     prediction; under_predicted: the share of those that took longer than predicted."""
 
@@ -63,6 +64,16 @@ def prefill_wait_share(requests: Sequence[RequestMetrics], steps: Sequence[StepM
     return waited / total if total > 0 else math.nan
 
 
+def meets_targets(r: RequestMetrics, ttft_target: float | None, tbt_target: float | None) -> bool:
+    """Goodput's test of one finished request: TTFT <= ttft_target and its own P99 TBT
+    (its worst gap, under 100 gaps) <= tbt_target; a target of None is not tested."""
+    if r.finish_time is None:
+        return False
+    if ttft_target is not None and (r.ttft is None or r.ttft > ttft_target):
+        return False
+    return tbt_target is None or not r.tbts or percentile(r.tbts, 99) <= tbt_target
+
+
 def slo_metrics(requests: Sequence[RequestMetrics], steps: Sequence[StepMetrics],
                 ttft_target: float | None = None, tbt_target: float | None = None) -> SLOMetrics:
     for name, value in (("ttft_target", ttft_target), ("tbt_target", tbt_target)):
@@ -72,10 +83,9 @@ def slo_metrics(requests: Sequence[RequestMetrics], steps: Sequence[StepMetrics]
     worst = [max(r.tbts) for r in requests if len(r.token_times) > 1]
     goodput = math.nan
     done = [r for r in requests if r.finish_time is not None]
-    if ttft_target is not None and tbt_target is not None and done:
+    if (ttft_target is not None or tbt_target is not None) and done:
         span = max(r.finish_time for r in done) - min(r.arrival_time for r in requests)  # type: ignore[type-var]
-        good = sum(1 for r in done if r.ttft is not None and r.ttft <= ttft_target
-                   and (not r.tbts or percentile(r.tbts, 99) <= tbt_target))
+        good = sum(1 for r in done if meets_targets(r, ttft_target, tbt_target))
         goodput = good / span if span > 0 else math.nan
     predicted = [(s.duration, s.predicted_duration) for s in steps if s.predicted_duration is not None]
     errors = [abs(a - p) / a for a, p in predicted if a > 0 and math.isfinite(p)]

@@ -52,10 +52,12 @@ class ShuttingDown(Exception):
 
 class OpenAIServer:
     """Serves `llm` (its engine and tokenizer) as `model_name`; `limits` bound what one
-    request may ask for; docs=True serves /docs and /openapi.json."""
+    request may ask for; docs=True serves /docs and /openapi.json. ttft_slo / tbt_slo
+    (seconds): the targets of the goodput /metrics reports; tbt_slo defaults to the
+    engine's own (the adaptive budget's)."""
 
     def __init__(self, llm: LLM, model_name: str, max_waiting: int = 256, limits: Limits | None = None,
-                 docs: bool = False) -> None:
+                 docs: bool = False, ttft_slo: float | None = None, tbt_slo: float | None = None) -> None:
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
         self.llm, self.model_name, self.max_waiting = llm, model_name, max_waiting
@@ -69,7 +71,7 @@ class OpenAIServer:
         self._live: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
         self.draining = False
         self.engine = AsyncLLMEngine(llm.engine)
-        self.stats = ServerStats()
+        self.stats = ServerStats(ttft_slo, llm.engine.config.tbt_slo if tbt_slo is None else tbt_slo)
         self.created = int(time.time())
         self.app = BodyLimit(self._build(docs), self.limits.max_request_bytes, self._refused_body)
 

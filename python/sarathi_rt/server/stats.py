@@ -1,13 +1,17 @@
 """The server's /metrics: counters and histograms it keeps itself, gauges read from the
-engine, written in the Prometheus text exposition format (version 0.0.4)."""
+engine, written in the Prometheus text exposition format (version 0.0.4). The SLO gauges
+(P99.9 and max TBT, prefill-wait share, goodput) are measure.slo's, over the last
+SLO_WINDOW finished requests and the engine's steps in their span."""
 from __future__ import annotations
 
 import bisect
-from collections import Counter
+import math
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from sarathi_rt.engine import LLMEngine
 from sarathi_rt.measure.metrics import RequestMetrics
+from sarathi_rt.measure.slo import meets_targets, slo_metrics
 
 # Seconds; TTFT spans queueing and prefill, TBT one step.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -40,12 +44,23 @@ class Histogram:
 
 class ServerStats:
     """requests by status: a finish reason (stop, length, abort), or bad_request,
-    overloaded or error for requests refused or failed before they finished."""
+    overloaded or error for requests refused or failed before they finished.
+    ttft_target / tbt_target (seconds): goodput's targets (measure.slo.meets_targets);
+    without either, goodput is NaN and no request counts as good."""
 
-    def __init__(self) -> None:
+    SLO_WINDOW = 1000  # finished requests the SLO gauges look back over
+
+    def __init__(self, ttft_target: float | None = None, tbt_target: float | None = None) -> None:
+        for name, value in (("ttft_target", ttft_target), ("tbt_target", tbt_target)):
+            if value is not None and not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive finite number of seconds or None, got {value!r}")
+        self.ttft_target, self.tbt_target = ttft_target, tbt_target
         self.requests: Counter[str] = Counter()
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tbt = Histogram(TBT_BUCKETS)
+        self.request_max_tbt = Histogram(TBT_BUCKETS)
+        self.good = 0
+        self.recent: deque[RequestMetrics] = deque(maxlen=self.SLO_WINDOW)
         self.prompt_tokens = 0
         self.generation_tokens = 0
 
@@ -55,8 +70,30 @@ class ServerStats:
             self.ttft.observe(metrics.ttft)
         for gap in metrics.tbts:
             self.tbt.observe(gap)
+        if metrics.tbts:
+            self.request_max_tbt.observe(max(metrics.tbts))
+        if (self.ttft_target is not None or self.tbt_target is not None) and \
+                meets_targets(metrics, self.ttft_target, self.tbt_target):
+            self.good += 1
+        self.recent.append(metrics)
         self.prompt_tokens += metrics.num_prompt_tokens
         self.generation_tokens += metrics.num_generated_tokens
+
+    def slo_gauges(self, engine: LLMEngine) -> list[tuple[str, str, float]]:
+        """(name, help, value) of each SLO gauge; NaN where the window has nothing to measure."""
+        requests = list(self.recent)
+        starts = [r.token_times[0] for r in requests if r.token_times]
+        # list() copies the deque in one C call: the engine's thread may append meanwhile.
+        steps = [s for s in list(engine.step_metrics) if starts and s.start_time + s.duration >= min(starts)]
+        m = slo_metrics(requests, steps, self.ttft_target, self.tbt_target)
+        return [("sarathi_rt_slo_window_requests", "Finished requests the SLO gauges cover (the latest, "
+                                                   f"at most {self.SLO_WINDOW}).", float(len(requests))),
+                ("sarathi_rt_time_between_tokens_p999_seconds", "P99.9 of every gap between tokens.", m.tbt_p999),
+                ("sarathi_rt_time_between_tokens_max_seconds", "Largest gap between tokens.", m.tbt_max),
+                ("sarathi_rt_prefill_wait_share", "Share of the time between tokens spent on prefill work.",
+                 m.prefill_wait_share),
+                ("sarathi_rt_goodput_requests_per_second", "Requests per second meeting the TTFT and TBT targets.",
+                 m.goodput)]
 
     def render(self, engine: LLMEngine) -> str:
         scheduler = engine.scheduler
@@ -68,6 +105,11 @@ class ServerStats:
              self.ttft.lines("sarathi_rt_time_to_first_token_seconds")),
             ("sarathi_rt_time_between_tokens_seconds", "histogram", "Time between consecutive tokens.",
              self.tbt.lines("sarathi_rt_time_between_tokens_seconds")),
+            ("sarathi_rt_request_max_time_between_tokens_seconds", "histogram",
+             "Each finished request's largest gap between tokens.",
+             self.request_max_tbt.lines("sarathi_rt_request_max_time_between_tokens_seconds")),
+            ("sarathi_rt_requests_good_total", "counter", "Finished requests that met the TTFT and TBT targets.",
+             [f"sarathi_rt_requests_good_total {self.good}"]),
             ("sarathi_rt_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
              [f"sarathi_rt_prompt_tokens_total {self.prompt_tokens}"]),
             ("sarathi_rt_generation_tokens_total", "counter", "Tokens generated by finished requests.",
@@ -80,8 +122,13 @@ class ServerStats:
              [f"sarathi_rt_kv_blocks_in_use {total_blocks - scheduler.num_free_blocks}"]),
             ("sarathi_rt_kv_blocks_total", "gauge", "KV cache blocks.",
              [f"sarathi_rt_kv_blocks_total {total_blocks}"]),
-        ]
+        ] + [(name, "gauge", help_text, [f"{name} {_number(value)}"])
+             for name, help_text, value in self.slo_gauges(engine)]
         lines = []
         for name, kind, help_text, samples in series:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"] + samples
         return "\n".join(lines) + "\n"
+
+
+def _number(x: float) -> str:
+    return "NaN" if math.isnan(x) else repr(x)
