@@ -75,7 +75,7 @@ def test_bad_slo() -> None:
 
 
 @pytest.mark.slow
-def test_capacity_command_on_the_simulator(tmp_path) -> None:
+def test_capacity_command_on_the_simulator(tmp_path, capsys) -> None:
     from sarathi_rt.cli import main
 
     trace = tmp_path / "t.csv"
@@ -88,7 +88,16 @@ def test_capacity_command_on_the_simulator(tmp_path) -> None:
     assert set(caps) == {"sarathi", "vllm"} and all(v > 0 for v in caps.values())
     assert (out / "capacity.png").stat().st_size > 0
     # The default rule sizes each step to the SLO; the old static rule profiles T(n) first.
-    assert json.loads((out / "capacity_probes.json").read_text())["token_budget"] == 4096
+    probes = json.loads((out / "capacity_probes.json").read_text())
+    assert probes["token_budget"] == 4096
+    # At the found rate: the SLO-first metrics of measure.slo, from the passing probe's run.
+    for policy, qps in caps.items():
+        at = probes["at_capacity"][policy]
+        passing = next(p for p in probes["probes"][policy] if p["qps"] == qps and p["ok"])
+        assert at == passing["slo"] and at["tbt_target"] == 0.1
+        assert passing["tbt_p99"] <= at["tbt_p999"] <= at["tbt_max"] and 0 <= at["prefill_wait_share"] <= 1
+        assert at["goodput"] > 0  # with --tbt-slo alone, goodput counts the TBT target
+    assert "at capacity:" in capsys.readouterr().out
     assert main(["capacity", "--simulate", "--policy", "sarathi", "--tbt-slo", "0.1", "--trace", str(trace),
                  "--num-requests", "40", "--max-probes", "3", "--budget-rule", "slo-static", "--out", str(out)]) == 0
     assert (out / "step_time.png").stat().st_size > 0
