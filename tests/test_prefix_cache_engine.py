@@ -7,7 +7,7 @@ import pytest
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.measure.metrics import summarize
 
-PARAMS = SamplingParams(temperature=0.0, max_tokens=4, logprobs=True)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=4, logprobs=0)
 SHARED = [random.Random(0).randrange(3, 512) for _ in range(100)]
 OTHER = [random.Random(1).randrange(3, 512) for _ in range(100)]
 KW = dict(block_size=8, token_budget=32, chunk_size=16, max_num_seqs=8)

@@ -17,7 +17,8 @@ from sarathi_rt.engine.sampler import row_seed
     ("top_k", 0), ("top_k", -1), ("top_k", 1.5),
     ("top_p", 0.0), ("top_p", 1.01), ("top_p", -0.5), ("top_p", None),
     ("seed", -1), ("seed", 0.5), ("seed", 2**64), ("stop_token_ids", "12"), ("stop_token_ids", [1, -2]),
-    ("stop_token_ids", [1.0]), ("stop_token_ids", 7), ("ignore_eos", "yes"), ("logprobs", 1),
+    ("stop_token_ids", [1.0]), ("stop_token_ids", 7), ("ignore_eos", "yes"), ("logprobs", True),
+    ("logprobs", 21), ("logprobs", -1), ("prompt_logprobs", 21), ("prompt_logprobs", 2.0),
 ])
 def test_invalid_params_name_the_field(field: str, value: object) -> None:
     with pytest.raises((ValueError, TypeError), match=field):
@@ -38,7 +39,7 @@ def test_params_normalise_stop_ids() -> None:
 
 
 def row(temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0, seed: int = 7, n: int = 0,
-        logprobs: bool = False) -> RowSampling:
+        logprobs: int | None = None) -> RowSampling:
     return RowSampling(temperature, top_k, top_p, seed, n, logprobs)
 
 
@@ -94,13 +95,17 @@ def test_frequencies_follow_the_filtered_distribution() -> None:
 
 
 def test_logprobs_are_of_the_unmodified_distribution() -> None:
+    # Raw logits (vLLM's default "raw_logprobs"): temperature and top-k do not change them.
     logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(3))
-    rows = [row(0.0, logprobs=True), row(0.5, top_k=3, logprobs=True), row(1.0)]
+    rows = [row(0.0, logprobs=0), row(0.5, top_k=3, logprobs=5), row(1.0)]
     tokens, logprobs = Sampler()(logits, rows)
-    ref = logits.log_softmax(dim=1)
-    assert logprobs[0] == pytest.approx(ref[0, tokens[0]].item(), abs=1e-6)
-    assert logprobs[1] == pytest.approx(ref[1, tokens[1]].item(), abs=1e-6)
-    assert logprobs[2] is None
+    ref = logits.double().log_softmax(dim=1)
+    assert logprobs[0] is not None and logprobs[1] is not None and logprobs[2] is None
+    assert logprobs[0].logprob == pytest.approx(ref[0, tokens[0]].item(), abs=1e-6) and logprobs[0].top == ()
+    assert logprobs[1].logprob == pytest.approx(ref[1, tokens[1]].item(), abs=1e-6)
+    best = ref[1].topk(5)
+    assert [t for t, _ in logprobs[1].top] == best.indices.tolist()
+    assert [v for _, v in logprobs[1].top] == pytest.approx(best.values.tolist(), abs=1e-6)
 
 
 def test_row_seeds_differ_per_token_and_seed() -> None:

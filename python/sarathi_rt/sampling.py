@@ -10,6 +10,7 @@ SEED_LIMIT = 2**64  # seeds are mixed as 64-bit words: a larger one would alias 
 # Below this temperature sampling is greedy (vLLM's floor too): dividing float32 logits by
 # 1e-38 overflows them to inf, and softmax of inf is NaN, which would pick garbage.
 GREEDY_TEMPERATURE = 1e-5
+MAX_LOGPROBS = 20  # alternatives per token, OpenAI's top_logprobs limit
 
 
 def as_int(name: str, value: object) -> int:
@@ -43,8 +44,13 @@ class SamplingParams:
     stop_token_ids, or at the model's end-of-sequence ids unless ignore_eos (the token
     that stops it is in token_ids but not in the text), or once the text contains one of
     the `stop` strings (a str or several; the text ends before it; needs a tokenizer).
-    logprobs: also return the log probability of each generated token under the model's
-    unmodified distribution. skip_special_tokens: leave special tokens out of the text.
+    logprobs: also return, for each generated token, its log probability and the
+    `logprobs` (0..20) most likely tokens with theirs; prompt_logprobs: the same for every
+    prompt token after the first (such a request skips the prefix cache: a cached token
+    has no logits). Log probabilities are those of the model's raw logits, before
+    temperature, top-k/top-p and any grammar mask (vLLM's default, "raw_logprobs"), so
+    they do not change with the sampling settings. skip_special_tokens: leave special
+    tokens out of the text.
     """
 
     max_tokens: int = 16
@@ -54,9 +60,10 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    logprobs: bool = False
+    logprobs: int | None = None
     stop: tuple[str, ...] = ()
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_tokens", _int("max_tokens", self.max_tokens, 1))
@@ -77,7 +84,10 @@ class SamplingParams:
         if not isinstance(stop, Iterable) or not all(isinstance(x, str) and x for x in stop):
             raise ValueError(f"stop must be a non-empty string or a sequence of them, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(stop))
-        for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _int(name, getattr(self, name), 0, MAX_LOGPROBS + 1))
+        for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -100,6 +100,11 @@ class ModelRunner:
             else:
                 positions += range(start, end)
                 slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            if c.prompt_targets:  # these positions' logits score the prompt's next tokens
+                if len(c.prompt_targets) > n:
+                    raise ValueError(f"request {c.request_id!r}: {len(c.prompt_targets)} prompt_targets "
+                                     f"for a chunk of {n} tokens")
+                logits_rows += range(total, total + len(c.prompt_targets))
             total += n
             cu_seqlens.append(total)
             seqlens_k.append(end)

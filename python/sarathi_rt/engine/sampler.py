@@ -7,6 +7,7 @@ import torch
 
 from sarathi_rt.utils.nvtx import nvtx_range
 
+from .outputs import TokenLogprob
 from .step_io import RowSampling
 
 _MASK64 = (1 << 64) - 1
@@ -42,6 +43,20 @@ def _filter(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter_(1, order, ordered)
 
 
+def token_logprobs(logits: torch.Tensor, targets: list[int], top: list[int]) -> list[TokenLogprob]:
+    """Row i's log probability of token targets[i] and its top[i] most likely tokens, from
+    the raw logits (before temperature, filtering or a grammar mask)."""
+    logp = logits.float().log_softmax(dim=1)
+    index = torch.tensor(targets, device=logits.device).unsqueeze(1)
+    chosen = logp.gather(1, index).squeeze(1).tolist()
+    k = max(top)
+    if k == 0:
+        return [TokenLogprob(v, ()) for v in chosen]
+    values, ids = logp.topk(k, dim=1)
+    values, ids = values.tolist(), ids.tolist()
+    return [TokenLogprob(v, tuple(zip(ids[i][:top[i]], values[i][:top[i]]))) for i, v in enumerate(chosen)]
+
+
 class Sampler:
     """Greedy rows take the argmax (the first on ties, as transformers does); the others
     sample by the exponential race, argmax(p / E) with E ~ Exp(1) from the row's own
@@ -49,7 +64,7 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[RowSampling]
-                 ) -> tuple[list[int], list[float | None]]:
+                 ) -> tuple[list[int], list[TokenLogprob | None]]:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [len(rows)={len(rows)}, vocab], got {tuple(logits.shape)}")
         with nvtx_range("sample"):
@@ -67,12 +82,12 @@ class Sampler:
                 noise.clamp_(min=torch.finfo(noise.dtype).tiny)
                 tokens.index_copy_(0, index, (probs / noise).argmax(dim=1))
             token_ids = tokens.tolist()
-            logprobs: list[float | None] = [None] * len(rows)
-            want = [i for i, r in enumerate(rows) if r.logprobs]
+            logprobs: list[TokenLogprob | None] = [None] * len(rows)
+            want = [i for i, r in enumerate(rows) if r.logprobs is not None]
             if want:
                 index = torch.tensor(want, device=logits.device)
-                chosen = tokens.index_select(0, index).unsqueeze(1)
-                values = logits.index_select(0, index).log_softmax(dim=1).gather(1, chosen).squeeze(1).tolist()
+                values = token_logprobs(logits.index_select(0, index), [token_ids[i] for i in want],
+                                        [rows[i].logprobs or 0 for i in want])
                 for i, v in zip(want, values):
                     logprobs[i] = v
             return token_ids, logprobs

@@ -8,7 +8,7 @@ from sarathi_rt.measure.metrics import RequestMetrics
 from sarathi_rt.sampling import SamplingParams
 
 from sarathi_rt.text.detokenizer import Detokenizer
-from .outputs import Prefix, RequestOutput
+from .outputs import Prefix, RequestOutput, TokenLogprob
 from .step_io import RowSampling
 
 
@@ -22,9 +22,11 @@ class SequenceState:
     stop_ids: frozenset[int]
     metrics: RequestMetrics
     output: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = None
+    logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     detokenizer: Detokenizer | None = None  # with a tokenizer: the text, the stop strings
+    # With params.prompt_logprobs: None for the first prompt token, then those scored so far.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def tokens(self, start: int, n: int) -> list[int]:
         """Tokens start..start+n of prompt + output (a re-prefill after preemption
@@ -40,7 +42,21 @@ class SequenceState:
         p = self.params
         return RowSampling(p.temperature, p.top_k, p.top_p, self.seed, len(self.output), p.logprobs)
 
-    def append(self, token: int, logprob: float | None, now: float) -> None:
+    def prompt_targets(self, start: int, n: int) -> list[int] | None:
+        """The prompt tokens that positions start..start+n-1 predict, when this request
+        wants prompt logprobs (a chunk past the prompt, a decode, has none)."""
+        if self.prompt_logprobs is None:
+            return None
+        return self.prompt[start + 1:start + n + 1] or None
+
+    def add_prompt_logprobs(self, start: int, values: list[TokenLogprob]) -> None:
+        """Scores of prompt tokens start + 1..; a re-prefill after a preemption scores
+        the same tokens again (to the same values): the later ones replace them."""
+        assert self.prompt_logprobs is not None and start + 1 <= len(self.prompt_logprobs)
+        del self.prompt_logprobs[start + 1:]
+        self.prompt_logprobs += values
+
+    def append(self, token: int, logprob: TokenLogprob | None, now: float) -> None:
         """Record a generated token; sets finish_reason when it ends the request."""
         self.output.append(token)
         if self.logprobs is not None and logprob is not None:
@@ -65,4 +81,5 @@ class SequenceState:
             text = self.detokenizer.released_text
         return RequestOutput(self.request_id, self.prompt, out[len(out) - num_new:], Prefix(out),
                              self.finish_reason is not None, self.finish_reason, self.metrics,
-                             None if self.logprobs is None else Prefix(self.logprobs), text, new_text)
+                             None if self.logprobs is None else Prefix(self.logprobs), text, new_text,
+                             self.prompt_logprobs)

@@ -12,19 +12,22 @@ from typing import Hashable
 from sarathi_rt.measure.metrics import StageMetrics
 from sarathi_rt.sampling import GREEDY_TEMPERATURE
 
+from .outputs import TokenLogprob
+
 
 @dataclass(slots=True)
 class RowSampling:
     """How to sample one row. `num_generated` (tokens the request produced before this
     one) keys the row's random stream together with `seed`, so a request draws the same
-    tokens whatever else is in its batch, and again after a preemption."""
+    tokens whatever else is in its batch, and again after a preemption. `logprobs`: None,
+    or how many alternatives to return with the sampled token's log probability."""
 
     temperature: float
     top_k: int | None
     top_p: float
     seed: int
     num_generated: int
-    logprobs: bool = False
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -35,13 +38,18 @@ class RowSampling:
 class SequenceChunk:
     """`token_ids` of one request at positions start_pos.. of its sequence. `block_table`
     maps every position up to start_pos + len(token_ids) to a KV block. `sampling` is
-    set when this chunk ends on a token to sample from (a finished prefill, a decode)."""
+    set when this chunk ends on a token to sample from (a finished prefill, a decode).
+    `prompt_targets`: the prompt tokens at positions start_pos + 1.. whose log
+    probabilities (with `prompt_top` alternatives) the step returns, one per position of
+    the chunk from its first."""
 
     request_id: Hashable
     token_ids: list[int]
     start_pos: int
     block_table: list[int]
     sampling: RowSampling | None = None
+    prompt_targets: list[int] | None = None
+    prompt_top: int = 0
 
 
 @dataclass(slots=True)
@@ -57,10 +65,13 @@ class StepInput:
 @dataclass(slots=True)
 class StepOutput:
     """One sampled token per chunk with `sampling`, in chunk order; `logprobs` holds the
-    sampled token's log probability for rows that asked for it (None elsewhere).
-    `stages`: per pipeline stage timings, when the executor runs stages in processes."""
+    sampled token's log probabilities for rows that asked for them (None elsewhere).
+    `prompt_logprobs`: empty when no chunk had prompt_targets, else one entry per chunk
+    (None for those without). `stages`: per pipeline stage timings, when the executor
+    runs stages in processes."""
 
     step: int
     token_ids: list[int]
-    logprobs: list[float | None]
+    logprobs: list[TokenLogprob | None]
     stages: list[StageMetrics] = field(default_factory=list)
+    prompt_logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)

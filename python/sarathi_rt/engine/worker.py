@@ -14,7 +14,8 @@ from sarathi_rt.utils.nvtx import nvtx_range
 from .config import EngineConfig
 from .memory import auto_num_blocks, available_bytes
 from .model_runner import ModelRunner
-from .sampler import Sampler
+from .outputs import TokenLogprob
+from .sampler import Sampler, token_logprobs
 from .step_io import RowSampling, SequenceChunk, StepInput, StepOutput
 
 # What a stage before the last hands the next one: (hidden, residual).
@@ -86,8 +87,36 @@ class Worker:
         logits = self.model.compute_logits(hidden, residual, ctx)
         if logits is None:
             return None
-        token_ids, logprobs = self.sampler(logits, [c.sampling for c in step.chunks if c.sampling is not None])
-        return StepOutput(step.step, token_ids, logprobs)
+        if not any(c.prompt_targets for c in step.chunks):
+            token_ids, logprobs = self.sampler(logits, [c.sampling for c in step.chunks if c.sampling is not None])
+            return StepOutput(step.step, token_ids, logprobs)
+        return self._with_prompt_logprobs(step, logits)
+
+    def _with_prompt_logprobs(self, step: StepInput, logits: torch.Tensor) -> StepOutput:
+        """Split the logits rows (per chunk: its prompt targets' rows, then its sampled
+        row; see ModelRunner.prepare) into the rows to sample and the prompt's scores."""
+        sample_rows: list[int] = []
+        spans: list[tuple[int, int] | None] = []
+        row = 0
+        for c in step.chunks:
+            count = len(c.prompt_targets or ())
+            spans.append((row, count) if count else None)
+            row += count
+            if c.sampling is not None:
+                sample_rows.append(row)
+                row += 1
+        index = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
+        token_ids, logprobs = self.sampler(logits.index_select(0, index),
+                                           [c.sampling for c in step.chunks if c.sampling is not None])
+        prompt: list[list[TokenLogprob] | None] = []
+        for c, span in zip(step.chunks, spans):
+            if span is None:
+                prompt.append(None)
+                continue
+            assert c.prompt_targets is not None
+            start, count = span
+            prompt.append(token_logprobs(logits[start:start + count], c.prompt_targets, [c.prompt_top] * count))
+        return StepOutput(step.step, token_ids, logprobs, prompt_logprobs=prompt)
 
     def _warm_up(self) -> None:
         """One token through this stage (its layers, logits and sampling), so one-off

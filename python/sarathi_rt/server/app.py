@@ -34,7 +34,7 @@ from sarathi_rt.llm import LLM
 
 from .http import BodyLimit
 from .protocol import (ChatRequest, CompletionRequest, Limits, SamplingRequest, completion_body, describe,
-                       error_body, usage)
+                       error_body, logprobs_body, usage)
 from .stats import ServerStats
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's own log, so its level and format apply
@@ -234,11 +234,26 @@ class OpenAIServer:
         if last.finish_reason == "abort":
             raise ApiError(499, "the request was aborted", kind="aborted")
         response = completion_body(request_id, self.model_name, chat, last.text, last.finish_reason, stream=False,
-                                   token_ids=self._ids_without_text(last.token_ids))
+                                   token_ids=self._ids_without_text(last.token_ids),
+                                   logprobs=self._logprobs(chat, last, len(last.token_ids), 0))
         return response | {"usage": usage(num_prompt_tokens, len(last.token_ids))}
 
     def _ids_without_text(self, ids: Any) -> list[int] | None:
         return list(ids) if self.llm.tokenizer is None else None
+
+    def _logprobs(self, chat: bool, out: RequestOutput, count: int, text_offset: int) -> dict[str, Any] | None:
+        """The logprobs object of `out`'s last `count` tokens (None if not asked for)."""
+        if out.logprobs is None:
+            return None
+        first = len(out.token_ids) - count
+        return logprobs_body(chat, out.token_ids[first:], out.logprobs[first:], self._token_text, text_offset)
+
+    def _token_text(self, token_id: int) -> str:
+        """A token as text; without a tokenizer, vLLM's "token_id:<id>"."""
+        tokenizer = self.llm.tokenizer
+        if tokenizer is None:
+            return f"token_id:{token_id}"
+        return tokenizer.decode([token_id], skip_special_tokens=False)
 
     async def drain(self, timeout: float) -> None:
         """Refuse new requests (503), give running ones `timeout` seconds to finish, then
@@ -280,11 +295,14 @@ class OpenAIServer:
         """One server-sent event per generated token (its text may be empty while a
         character or a possible stop string is incomplete), then usage and [DONE]."""
         last = None
+        text_offset = 0
         try:
             async for out in outputs:
                 chunk = completion_body(request_id, self.model_name, chat, out.new_text,
                                         out.finish_reason, stream=True, role=chat and last is None,
-                                        token_ids=self._ids_without_text(out.new_token_ids))
+                                        token_ids=self._ids_without_text(out.new_token_ids),
+                                        logprobs=self._logprobs(chat, out, len(out.new_token_ids), text_offset))
+                text_offset += len(out.new_text or "")
                 last = out
                 yield f"data: {json.dumps(chunk)}\n\n"
         except ShuttingDown as exc:

@@ -5,18 +5,20 @@ refused rather than ignored."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from sarathi_rt.sampling import SamplingParams
+from sarathi_rt.engine.outputs import TokenLogprob
+from sarathi_rt.sampling import MAX_LOGPROBS, SamplingParams
 
 # Fields of OpenAI's API (or vLLM's extensions) that would change what is generated or
 # returned, which this engine cannot honour yet: a 400 names them instead of a 200 that
 # quietly ignores them.
 UNSUPPORTED = frozenset({
-    "suffix", "top_logprobs", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+    "suffix", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
     "response_format", "audio", "modalities", "prediction", "reasoning_effort", "verbosity", "service_tier",
     "store", "metadata", "web_search_options", "repetition_penalty", "min_tokens", "min_p", "stop_token_ids",
     "bad_words", "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens", "chat_template",
@@ -97,7 +99,12 @@ class SamplingRequest(Strict):
         stop = self.stops
         return SamplingParams(max_tokens=self.max_tokens or max_tokens, temperature=self.temperature,
                               top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=tuple(stop),
-                              ignore_eos=self.ignore_eos)
+                              ignore_eos=self.ignore_eos, logprobs=self.num_logprobs)
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Alternatives to return with each token's log probability; None: no logprobs."""
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -108,7 +115,7 @@ class CompletionRequest(SamplingRequest):
     prompt: Union[str, list[int], list[str], list[list[int]]]
     max_tokens: Optional[int] = Field(default=16, ge=1)  # OpenAI's default for completions
     echo: bool = False
-    logprobs: Optional[int] = None
+    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     best_of: Optional[int] = None
     # Off by default: "<|im_end|>" in a prompt is text, so a client of a chat model cannot
     # forge turns through /v1/completions unless it asks to write control tokens.
@@ -122,9 +129,13 @@ class CompletionRequest(SamplingRequest):
             self.prompt = self.prompt[0]
         if not self.prompt:
             raise ValueError("prompt must not be empty")
-        if self.echo or self.logprobs is not None or (self.best_of or 1) != 1:
-            raise ValueError("echo, logprobs and best_of are not supported")
+        if self.echo or (self.best_of or 1) != 1:
+            raise ValueError("echo and best_of are not supported")
         return self
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(Strict):
@@ -144,13 +155,23 @@ class ChatRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     logprobs: bool = False
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, value: Optional[int], info: ValidationInfo) -> Optional[int]:
+        if value is not None and not info.data.get("logprobs"):  # a field error: the 400 names it
+            raise ValueError("top_logprobs needs logprobs=true")
+        return value
 
     @model_validator(mode="after")
-    def _no_logprobs(self) -> ChatRequest:
-        if self.logprobs:
-            raise ValueError("logprobs are not supported")
+    def _tokens(self) -> ChatRequest:
         self.max_tokens = self.max_completion_tokens or self.max_tokens
         return self
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -186,15 +207,37 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def logprobs_body(chat: bool, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob],
+                  token_text: Callable[[int], str], text_offset: int = 0) -> dict[str, Any]:
+    """OpenAI's logprobs object for these tokens: chat's `content` list, or the legacy
+    completions' parallel lists (text_offset: where the first token's text starts in
+    the completion)."""
+    if chat:
+        def entry(token: int, value: float) -> dict[str, Any]:
+            text = token_text(token)
+            return {"token": text, "logprob": value, "bytes": list(text.encode())}
+
+        return {"content": [entry(t, lp.logprob) | {"top_logprobs": [entry(i, v) for i, v in lp.top]}
+                            for t, lp in zip(token_ids, logprobs)], "refusal": None}
+    tokens = [token_text(t) for t in token_ids]
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{token_text(i): v for i, v in lp.top} for lp in logprobs], "text_offset": offsets}
+
+
 def completion_body(request_id: str, model: str, chat: bool, text: str | None, finish_reason: str | None,
-                    stream: bool, role: bool = False, token_ids: list[int] | None = None) -> dict[str, Any]:
+                    stream: bool, role: bool = False, token_ids: list[int] | None = None,
+                    logprobs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
     """One response (stream=False) or chunk of a stream, with a single choice; token_ids
     (vLLM's name) carry the output of a model without a tokenizer, which has no text."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason}
+    choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason, "logprobs": logprobs}
     if token_ids is not None:
         choice["token_ids"] = token_ids
     if not chat:
-        choice.update(text=text or "", logprobs=None)
+        choice["text"] = text or ""
         kind = "text_completion"
     elif stream:
         choice["delta"] = ({"role": "assistant"} if role else {}) | ({} if text is None else {"content": text})

@@ -1,0 +1,102 @@
+"""The server's logprobs, n > 1 and response_format through the official openai client
+on loopback, checked against the library's own outputs for the same requests."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from text_models import tiny_tokenizer  # noqa: E402
+from sarathi_rt import LLM, SamplingParams  # noqa: E402
+from sarathi_rt.server import OpenAIServer  # noqa: E402
+
+pytestmark = pytest.mark.slow  # starts a server on loopback
+
+CONV = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def served():
+    llm = LLM("tiny", tokenizer=tiny_tokenizer(), num_kv_blocks=256, block_size=8, token_budget=64,
+              max_num_seqs=32)
+    server = OpenAIServer(llm, "tiny", max_waiting=64)
+    uv = uvicorn.Server(uvicorn.Config(server.app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    while not uv.started:
+        assert thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    host, port = uv.servers[0].sockets[0].getsockname()[:2]
+    assert host == "127.0.0.1"
+    yield server, f"http://127.0.0.1:{port}/v1"
+    uv.should_exit = True
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "the server did not stop"
+
+
+@pytest.fixture
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served[1], api_key="none", max_retries=0, timeout=60)
+
+
+def _expected(server: OpenAIServer, prompt: list[int], **params):
+    """What the library returns for the same request (the engine is shared: run it
+    while the server is idle, through a second LLM on the same weights)."""
+    llm = LLM("tiny", tokenizer=server.llm.tokenizer, num_kv_blocks=64, block_size=8)
+    return llm.generate([prompt], SamplingParams(**params), use_tqdm=False)[0]
+
+
+def test_completion_logprobs_whole_and_streamed(served, client: openai.OpenAI) -> None:
+    server, _ = served
+    args = dict(model="tiny", prompt="hello world", max_tokens=6, temperature=0.7, seed=11, logprobs=3,
+                extra_body={"ignore_eos": True})
+    whole = client.completions.create(**args)
+    prompt = server.llm.tokenizer.encode("hello world", parse_special=False)
+    ref = _expected(server, prompt, max_tokens=6, temperature=0.7, seed=11, logprobs=3, ignore_eos=True)
+    lp = whole.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx([x.logprob for x in ref.logprobs], abs=1e-6)
+    assert [len(top) for top in lp.top_logprobs] == [3] * 6
+    token_text = server._token_text
+    assert lp.tokens == [token_text(t) for t in ref.token_ids]
+    assert [sorted(top.values(), reverse=True) for top in lp.top_logprobs] == \
+        [pytest.approx([v for _, v in x.top], abs=1e-6) for x in ref.logprobs]
+    chunks = list(client.completions.create(stream=True, **args))
+    streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs
+
+
+def test_chat_logprobs_whole_and_streamed(served, client: openai.OpenAI) -> None:
+    server, _ = served
+    args = dict(model="tiny", messages=CONV, max_tokens=5, temperature=0.0, logprobs=True, top_logprobs=2,
+                extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**args)
+    prompt = server.llm.tokenizer.apply_chat_template(CONV)
+    ref = _expected(server, prompt, max_tokens=5, temperature=0.0, logprobs=2, ignore_eos=True)
+    content = whole.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([x.logprob for x in ref.logprobs], abs=1e-6)
+    assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
+               for c in content)
+    assert "".join(c.token for c in content) == whole.choices[0].message.content
+    assert all(bytes(c.bytes).decode() == c.token for c in content)
+    chunks = list(client.chat.completions.create(stream=True, **args))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert [c.logprob for c in streamed] == [c.logprob for c in content]
+    plain = client.chat.completions.create(model="tiny", messages=CONV, max_tokens=2)
+    assert plain.choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("call, kwargs, param", [
+    ("completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
+    ("chat", {"messages": CONV, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat", {"messages": CONV, "top_logprobs": 2}, "top_logprobs"),
+])
+def test_bad_logprobs_are_400s_naming_the_field(served, client: openai.OpenAI, call: str, kwargs: dict,
+                                                param: str) -> None:
+    create = client.completions.create if call == "completions" else client.chat.completions.create
+    with pytest.raises(openai.BadRequestError, match=param):
+        create(model="tiny", max_tokens=2, **kwargs)
+    assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).choices[0].text is not None
