@@ -208,3 +208,21 @@ def test_preemption_takes_relegated_and_slack_requests_first():
         now += 0.02
     # Both need 13 blocks of 16: the chat request (newest, tighter) keeps its blocks.
     assert preempted and set(preempted) == {"batch"}
+
+
+def test_under_overload_the_tight_class_keeps_its_deadlines():
+    """Chat and batch prompts at about twice what FCFS sustains: FCFS misses nearly
+    every chat deadline; the deadline policy (priority, relegation, urgent chunks)
+    keeps most, and the total goodput does not drop."""
+    from sarathi_rt.workloads import WorkloadConfig, make_workload
+
+    reqs = make_workload(WorkloadConfig(num_requests=120, qps=12, lengths="uniform", prompt_range=(64, 2048),
+                                        decode_range=(8, 64), qos_mix={"chat": 0.35, "batch": 0.65}))
+    runs = {}
+    for policy in ("fcfs", "deadline"):
+        cfg = SchedulerConfig(token_budget=512, max_num_seqs=64, num_blocks=2048, qos_classes=CLASSES,
+                              qos_policy=policy)
+        runs[policy] = simulate(reqs, cfg, COST).summary().qos
+    missed = {p: round(q["chat"].num_requests * (1 - q["chat"].attainment)) for p, q in runs.items()}
+    assert missed["fcfs"] >= 10 * max(1, missed["deadline"])
+    assert sum(q.goodput for q in runs["deadline"].values()) >= sum(q.goodput for q in runs["fcfs"].values())

@@ -7,12 +7,12 @@ import time
 from abc import ABC, abstractmethod
 from array import array
 from collections import deque
-from typing import ClassVar, Collection, Hashable, Sequence
+from typing import ClassVar, Collection, Hashable, Mapping, Sequence
 
 from .block_manager import BlockManager
 from .config import SchedulerConfig
 from .batch_plan import BatchPlan, PlanEntry
-from .prefix_cache import PrefixCacheStats, block_hashes
+from .prefix_cache import PrefixCacheStats, block_hashes, next_block_hash
 from .qos import QoSClass
 from .request import Request, RequestInfo, RequestStatus
 from sarathi_rt.step_time import StepTimeModel
@@ -23,12 +23,13 @@ RUNNING = RequestStatus.RUNNING
 class StepBuilder:
     """A plan under construction plus the scheduler-private facts about it."""
 
-    __slots__ = ("plan", "reqs", "budget")
+    __slots__ = ("plan", "reqs", "budget", "made_room")
 
     def __init__(self, step: int, budget: int) -> None:
         self.plan = BatchPlan(step)
         self.reqs: list[Request] = []  # parallel to plan.entries
         self.budget = budget
+        self.made_room = False  # preempted on purpose to admit a tighter request (QoS)
 
     @property
     def budget_left(self) -> int:
@@ -37,8 +38,9 @@ class StepBuilder:
     @property
     def admission_open(self) -> bool:
         # Admitting right after preempting would hand the blocks just freed to a
-        # newcomer and thrash; vLLM skips admission in such a step too.
-        return not self.plan.preempted
+        # newcomer and thrash; vLLM skips admission in such a step too. Unless the
+        # blocks were freed for that newcomer (the deadline policy making room).
+        return not self.plan.preempted or self.made_room
 
 
 class Scheduler(ABC):
@@ -112,10 +114,10 @@ class Scheduler(ABC):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self._check_fits(num_prompt_tokens, max_new_tokens)
-        keys = self._prompt_keys(num_prompt_tokens, prompt_token_ids)
+        keys, tail = self._prompt_keys(num_prompt_tokens, prompt_token_ids)
         self._done.pop(request_id, None)
         req = Request(request_id, num_prompt_tokens, max_new_tokens, self._arrivals,
-                      prefill_target=num_prompt_tokens, block_keys=keys, arrival_step=self._step,
+                      prefill_target=num_prompt_tokens, block_keys=keys, key_tail=tail, arrival_step=self._step,
                       qos=qos, qos_class=qos_class, arrival_time=float(arrival_time))
         self._arrivals += 1
         self._live[request_id] = req
@@ -158,10 +160,13 @@ class Scheduler(ABC):
         self._pending[plan.step] = b.reqs
         return plan
 
-    def update(self, plan: BatchPlan, stopped: Collection[Hashable] = ()) -> list[Hashable]:
+    def update(self, plan: BatchPlan, stopped: Collection[Hashable] = (),
+               token_ids: Mapping[Hashable, int] | None = None) -> list[Hashable]:
         """Complete `plan`: advance prefills, count the token each emitting entry
         sampled, finish requests that reached max_new_tokens or are in `stopped`.
-        Returns the ids that finished."""
+        `token_ids`: the token each emitting request sampled; with prefix caching, the
+        full blocks they fill are keyed and cached once their KV is computed (a request
+        whose token is not given stops being keyed). Returns the ids that finished."""
         reqs = self._pending.get(plan.step)
         if reqs is None:
             raise ValueError(f"plan for step {plan.step} is not in flight "
@@ -175,6 +180,15 @@ class Scheduler(ABC):
             if bad:
                 raise ValueError(f"stopped names requests that sampled no token in this "
                                  f"plan: {sorted(map(repr, bad))}")
+        if token_ids:
+            bad = set(token_ids) - {e.request_id for e in plan.entries if e.emits_token}
+            if bad:
+                raise ValueError(f"token_ids names requests that sampled no token in this "
+                                 f"plan: {sorted(map(repr, bad))}")
+            odd = [t for t in token_ids.values() if isinstance(t, bool) or not isinstance(t, int)
+                   or not 0 <= t < 1 << 63]
+            if odd:
+                raise ValueError(f"token_ids must map to ints in [0, 2**63), got {odd[0]!r}")
         del self._pending[plan.step]
         finished = []
         for req, entry in zip(reqs, plan.entries):
@@ -187,25 +201,42 @@ class Scheduler(ABC):
                 self._register_computed(req)
             if entry.emits_token:
                 req.num_generated += 1
+                if req.key_tail is not None:
+                    self._key_generated(req, None if token_ids is None else token_ids.get(req.request_id))
                 if req.num_generated >= req.max_new_tokens or \
                         (stopped and req.request_id in stopped):
                     self._retire(req, RequestStatus.FINISHED)
                     finished.append(req.request_id)
         return finished
 
-    def _prompt_keys(self, num_prompt_tokens: int, prompt_token_ids: Sequence[int] | None) -> list[bytes]:
+    def _prompt_keys(self, num_prompt_tokens: int, prompt_token_ids: Sequence[int] | None
+                     ) -> tuple[list[bytes], list[int] | None]:
+        """The keys of the prompt's full blocks and the tokens after them (None: not keyed)."""
         if prompt_token_ids is None:
-            return []
+            return [], None
         if len(prompt_token_ids) != num_prompt_tokens:
             raise ValueError(f"prompt_token_ids has {len(prompt_token_ids)} ids but "
                              f"num_prompt_tokens is {num_prompt_tokens}")
         if not self._blocks.caching:
-            return []
+            return [], None
         try:
             ids = array("q", prompt_token_ids)
         except (TypeError, OverflowError):
             raise ValueError("prompt_token_ids must hold ints that fit in 64 bits") from None
-        return block_hashes(ids, self.config.block_size)
+        keys = block_hashes(ids, self.config.block_size)
+        return keys, ids[len(keys) * self.config.block_size:].tolist()
+
+    def _key_generated(self, req: Request, token: int | None) -> None:
+        """Extend `req`'s keys by its sampled `token`; its block is registered (in a later
+        update) once the KV of all its tokens is computed, the last one when fed back."""
+        tail = req.key_tail
+        if token is None or tail is None:
+            req.key_tail = None  # unknown from here on: a wrong key would share wrong KV
+            return
+        tail.append(token)
+        if len(tail) == self.config.block_size:
+            req.block_keys.append(next_block_hash(req.block_keys[-1] if req.block_keys else None, tail))
+            tail.clear()
 
     def abort(self, request_id: Hashable) -> bool:
         """Drop a request in any state; False if it is not live. The blocks of a

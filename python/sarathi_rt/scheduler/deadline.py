@@ -15,7 +15,9 @@ class DeadlineOrder:
 
     `seconds_per_token`: what one prefill token costs when a full step (token_budget
     tokens, the decodes among them) runs: an optimistic rate, so a request is relegated
-    only when even the best case misses its deadline."""
+    only when even the best case misses its deadline. 0 while the model cannot price a
+    step (an online model before its first step): the order is then earliest deadline
+    first and nobody is relegated on no evidence."""
 
     __slots__ = ("now", "weight", "seconds_per_token")
 
@@ -24,7 +26,7 @@ class DeadlineOrder:
         self.now, self.weight = now, weight
         prefill = max(1, token_budget - num_decodes)
         step = model.predict_shape(StepShape.hybrid(prefill, 0, num_decodes, decode_kv))
-        self.seconds_per_token = step / prefill
+        self.seconds_per_token = step / prefill if math.isfinite(step) else 0.0
 
     def key(self, req: Request) -> tuple[bool, float, int]:
         """Relegated requests last; then the next token's deadline plus `weight` times
@@ -39,18 +41,46 @@ class DeadlineOrder:
         of it and its own ran back to back from now at the full-step rate. Their work
         then no longer counts against the requests behind them (a relegated request
         runs after every other), which is what stops one late request from making
-        every later one late too. Returns the newly relegated."""
+        every later one late too. A request of a higher priority class is saved, when
+        it can be, by relegating instead lower-priority requests ranked ahead of it
+        that are still waiting for their first token (the latest-ranked first): when
+        not everyone can make it, the tight classes do. Returns the newly relegated."""
+        kept: list[tuple[Request, int]] = []  # not relegated, in order, with their prefill left
         ahead, out = 0, []
         for req in ordered:
             if req.relegated:
                 continue
             left = req.prefill_target - req.num_computed
-            if req.num_generated == 0 and self.now + (ahead + left) * self.seconds_per_token > req.next_deadline():
-                req.relegated = True
-                out.append(req)
-            else:
-                ahead += left
+            if req.num_generated == 0 and not self._in_time(req, ahead + left):
+                displaced, freed = self._displace(req, kept, ahead + left)
+                if not displaced:
+                    req.relegated = True
+                    out.append(req)
+                    continue
+                for victim in displaced:
+                    victim.relegated = True
+                kept = [(r, n) for r, n in kept if not r.relegated]
+                ahead -= freed
+                out += displaced
+            kept.append((req, left))
+            ahead += left
         return out
+
+    def _in_time(self, req: Request, tokens: int) -> bool:
+        return self.now + tokens * self.seconds_per_token <= req.next_deadline()
+
+    def _displace(self, req: Request, kept: list[tuple[Request, int]], tokens: int) -> tuple[list[Request], int]:
+        """Lower-priority requests of `kept` whose relegation would let `req` make its
+        first token in time ([] if none would), and their prefill tokens."""
+        priority = req.qos_class.priority  # type: ignore[union-attr]
+        victims, freed = [], 0
+        for r, n in reversed(kept):
+            if r.num_generated == 0 and r.qos_class.priority < priority:  # type: ignore[union-attr]
+                victims.append(r)
+                freed += n
+                if self._in_time(req, tokens - freed):
+                    return victims, freed
+        return [], 0
 
 
 def step_limit(decodes: Iterable[Request], now: float) -> float:

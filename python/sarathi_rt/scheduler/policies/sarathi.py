@@ -58,6 +58,8 @@ class SarathiScheduler(Scheduler):
         return self.config.chunk_size
 
     def _build(self, b: StepBuilder) -> None:
+        if self.config.deadline_aware:
+            self._make_room(b)
         decodes, prefills = self._split_running()
         self._schedule_decodes(b, decodes)
         cfg = self.config
@@ -110,6 +112,33 @@ class SarathiScheduler(Scheduler):
         self._waiting = deque(r for r in pending if r.status is RequestStatus.WAITING)
         return pending
 
+    def _make_room(self, b: StepBuilder) -> None:
+        """When the cache cannot hold the first chunk of the best-ranked waiting request
+        that is not relegated, preempt idle running requests of lower priority (or
+        relegated) whose next deadline leaves time to recompute them, until it can:
+        when memory binds, the tight classes keep their blocks and get new ones. The
+        queue is in the previous step's order (newcomers at the end)."""
+        head = next((r for r in self._waiting if not r.relegated), None)
+        if head is None:
+            return
+        bs = self.config.block_size
+        need = -(-min(self._cap(head), head.prefill_target) // bs) + self._admit_keep_free()
+        if self._blocks.num_free >= need:
+            return
+        rate = DeadlineOrder(self.step_time_model, self._now, 0.0, self.config.token_budget,  # type: ignore[arg-type]
+                             0, 0).seconds_per_token
+        priority = head.qos_class.priority  # type: ignore[union-attr]
+        victims = [r for r in self._running.values() if not r.in_flight and
+                   (r.relegated or r.qos_class.priority < priority) and  # type: ignore[union-attr]
+                   r.next_deadline() - self._now > (r.num_prompt_tokens + r.num_generated) * rate]
+        while victims and self._blocks.num_free < need:
+            victim = min(victims, key=lambda r: (not r.relegated, r.qos_class.priority,  # type: ignore[union-attr]
+                                                 -r.next_deadline()))
+            victims.remove(victim)
+            self._preempt(victim, b)
+            self._waiting.append(self._waiting.popleft())  # behind the request it made room for
+            b.made_room = True
+
     def _fill_by_deadline(self, b: StepBuilder, pending: list[Request], keep: int) -> None:
         """Prefills in progress and newcomers in one order (`pending`, from
         _deadline_order): the waiting queue is in the same order, so each newcomer met
@@ -158,9 +187,13 @@ class SarathiScheduler(Scheduler):
             limit = min(limit, step_limit((r for r in b.reqs if not r.is_prefill), self._now))
         model, limit = self.step_time_model, limit * (1 - cfg.slo_margin)
         pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
+        urgent = self._urgent_tokens(pending, limit) if cfg.deadline_aware else 0
         if self._cache_binds():
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
-                                        cfg.token_budget, quantum, self._arrival_pace(pending))
+                                        cfg.token_budget, quantum, max(urgent, self._arrival_pace(pending)))
+        elif urgent:
+            n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
+                                        cfg.token_budget, quantum, urgent)
         else:
             backlog = sum(r.prefill_target - r.num_computed for r in pending)
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
@@ -169,6 +202,18 @@ class SarathiScheduler(Scheduler):
         if n == 0 and not plan.entries:
             n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
         b.budget = num_decodes + n
+
+    def _urgent_tokens(self, pending: list[Request], limit: float) -> int:
+        """Prefill tokens per step the best-ranked request still waiting for its first
+        token needs to get it by its deadline, in steps of `limit` seconds (all of its
+        prompt when that is inf); 0 without one. Pacing or a rate-optimal chunk that is
+        smaller would let its deadline pass while the decodes' deadlines allowed more."""
+        head = next((r for r in pending if not r.relegated and r.num_generated == 0), None)
+        if head is None:
+            return 0
+        left = head.prefill_target - head.num_computed
+        steps = (head.next_deadline() - self._now) / limit
+        return left if not steps >= 1 else -(-left // int(steps))
 
     def _cache_binds(self) -> bool:
         """True when the free blocks cannot hold every live request to its
