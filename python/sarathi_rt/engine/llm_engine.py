@@ -237,7 +237,7 @@ class LLMEngine:
         emitting = [(e, seq) for e, seq in zip(plan.entries, seqs) if e.emits_token]
         if len(out.token_ids) != len(emitting):
             raise RuntimeError(f"executor returned {len(out.token_ids)} tokens for {len(emitting)} rows")
-        stopped, updated = [], []
+        stopped, updated, sampled = [], [], {}
         self.stage_metrics.extend(out.stages)
         waited = pipeline_wait(out.stages)
         for seq in seqs if waited else ():
@@ -250,9 +250,10 @@ class LLMEngine:
                 continue
             seq.append(token, logprob, now)
             updated.append(seq)
+            sampled[e.request_id] = token
             if seq.finish_reason == "stop":
                 stopped.append(e.request_id)
-        finished = set(self.scheduler.update(plan, stopped))
+        finished = set(self.scheduler.update(plan, stopped, sampled))  # sampled: keys generated blocks
         outputs = []
         for seq in updated:
             if seq.request_id in finished:

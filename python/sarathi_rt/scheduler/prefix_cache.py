@@ -1,4 +1,6 @@
-"""Prefix-cache keys: a chained hash per full KV block of a prompt.
+"""Prefix-cache keys: a chained hash per full KV block of a sequence (its prompt, then
+its generated tokens as they fill blocks, so a conversation's next turn, which re-sends
+the previous answer, finds it cached).
 
 A block's key digests its parent block's key and its own token ids, so equal token runs
 at different prefixes get different keys; blake2b makes collisions (two different
@@ -13,14 +15,17 @@ from typing import Sequence
 _ROOT = b"sarathi_rt.prefix_cache.v1"
 
 
+def next_block_hash(parent: bytes | None, block: Sequence[int]) -> bytes:
+    """The key of the full block `block` after the block keyed `parent` (None: the first)."""
+    return hashlib.blake2b((_ROOT if parent is None else parent) + array("q", block).tobytes(),
+                           digest_size=32).digest()
+
+
 def block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
     """Keys of the full blocks of `token_ids` (a trailing partial block has none)."""
     keys: list[bytes] = []
-    parent = _ROOT
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = array("q", token_ids[start:start + block_size]).tobytes()
-        parent = hashlib.blake2b(parent + block, digest_size=32).digest()
-        keys.append(parent)
+        keys.append(next_block_hash(keys[-1] if keys else None, token_ids[start:start + block_size]))
     return keys
 
 

@@ -31,10 +31,13 @@ class Request:
     in_flight: bool = False  # part of a plan not yet passed to update()
     first_scheduled_step: int | None = None
     num_preemptions: int = 0
-    # Prefix caching: keys of the prompt's full blocks; the cached blocks the head of
-    # the queue matched (taken only on admission); blocks registered or reused so far;
-    # prompt tokens skipped at the first admission.
+    # Prefix caching: keys of the full blocks of the prompt and then of the generated
+    # tokens; the tokens after the last full block (None: its token ids are not known,
+    # so nothing is keyed); the cached blocks the head of the queue matched (taken only
+    # on admission); blocks registered or reused so far; prompt tokens skipped at the
+    # first admission.
     block_keys: list[bytes] = field(default_factory=list)
+    key_tail: list[int] | None = None
     matched: list[int] = field(default_factory=list)
     matched_tokens: int = 0
     matched_idle: int = 0  # of `matched`, blocks nobody references (they count as free)
