@@ -91,3 +91,59 @@ def test_serve_takes_the_default_budget_rule(monkeypatch, argv: list[str], budge
     monkeypatch.setattr(sarathi_rt.llm, "LLM", fake_llm)
     assert main(["serve", "--model", "tiny", *argv]) != 0
     assert (seen["token_budget"], seen["tbt_slo"]) == (budget, slo)
+
+
+def _serve_options(monkeypatch, argv: list[str]) -> dict:
+    """The options `serve argv` gives LLM (stopped before a model loads)."""
+    pytest.importorskip("fastapi")
+    import sarathi_rt.llm
+
+    seen: dict = {}
+
+    def fake_llm(model: str, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise ValueError("stop before loading a model")
+
+    monkeypatch.setattr(sarathi_rt.llm, "LLM", fake_llm)
+    assert main(["serve", "--model", "tiny", *argv]) == 2
+    return seen
+
+
+def test_serve_passes_every_engine_flag(monkeypatch) -> None:
+    seen = _serve_options(monkeypatch, ["--block-size", "8", "--tile-size", "64", "--no-prefix-caching",
+                                        "--chunk-size", "32", "--max-num-seqs", "4", "--seed", "3",
+                                        "--num-kv-blocks", "50", "--max-model-len", "96", "--policy", "vllm"])
+    assert {k: seen[k] for k in ("block_size", "tile_size", "enable_prefix_caching", "chunk_size", "max_num_seqs",
+                                 "seed", "num_kv_blocks", "max_model_len", "policy")} == \
+        {"block_size": 8, "tile_size": 64, "enable_prefix_caching": False, "chunk_size": 32, "max_num_seqs": 4,
+         "seed": 3, "num_kv_blocks": 50, "max_model_len": 96, "policy": "vllm"}
+    assert _serve_options(monkeypatch, ["--tile-size", "auto"])["tile_size"] == "auto"
+    assert _serve_options(monkeypatch, [])["enable_prefix_caching"] is True
+
+
+@pytest.mark.parametrize("argv, says", [(["--budget-rule", "adaptive"], "--budget-rule applies only"),
+                                        (["--tbt-slo", "0.1", "--budget-tile", "64"], "--budget-tile not used"),
+                                        (["--tile-size", "big"], "--tile-size must be")])
+def test_serve_refuses_flags_that_do_not_apply(monkeypatch, capsys, argv: list[str], says: str) -> None:
+    _serve_options(monkeypatch, argv)
+    assert says in capsys.readouterr().err
+
+
+def test_serve_slo_static_budget_is_measured_on_the_engine(monkeypatch, capsys) -> None:
+    pytest.importorskip("fastapi")
+    import sarathi_rt.server
+
+    built = {}
+
+    def fake_http(server: object, *args: object) -> None:
+        built["server"] = server
+        raise ValueError("stop before serving")
+
+    monkeypatch.setattr(sarathi_rt.server, "DrainingServer", fake_http)
+    assert main(["serve", "--model", "tiny", "--num-kv-blocks", "256", "--block-size", "8", "--max-num-seqs", "4",
+                 "--tbt-slo", "10", "--budget-rule", "slo-static", "--budget-tile", "16"]) == 2
+    server = built["server"]
+    config = server.llm.engine.config
+    assert config.tbt_slo is None and config.token_budget == 128  # 10 s: the largest of 16..128 fits
+    assert server.stats.tbt_target == 10
+    assert "token budget from the 10000 ms SLO: 128" in capsys.readouterr().out

@@ -9,6 +9,8 @@ import sys
 
 from sarathi_rt.sim.budget import ENGINE_ADAPTIVE_CAP
 
+from ._serving import BUDGET_RULES
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 STATIC_BUDGET = 256
 
@@ -16,48 +18,118 @@ STATIC_BUDGET = 256
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name, GGUF file, Hugging Face directory or "
+    m = p.add_argument_group("model")
+    m.add_argument("--model", default=DEFAULT_MODEL, help=f"model name, GGUF file, Hugging Face directory or "
                                                           f"preset (default {DEFAULT_MODEL})")
-    p.add_argument("--tokenizer", default=None, help="GGUF file or directory with tokenizer.json (default: the "
+    m.add_argument("--tokenizer", default=None, help="GGUF file or directory with tokenizer.json (default: the "
                                                      "model's own)")
-    p.add_argument("--served-model-name", default=None, help="the `model` clients name (default: --model)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-waiting", type=int, default=256,
-                   help="answer 503 while this many requests wait for their first step")
-    p.add_argument("--max-request-bytes", type=int, default=4 << 20,
-                   help="answer 413 to a larger request body (default 4 MiB)")
-    p.add_argument("--max-prompt-tokens", type=int, default=None,
-                   help="answer 400 to a longer prompt (default: max_model_len - 1)")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="on SIGINT/SIGTERM, seconds running requests get to finish before their streams are "
-                        "ended with an error event (default 30)")
-    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
-                   help="do not share the KV blocks of common prompt prefixes")
-    p.add_argument("--docs", action="store_true", help="serve the OpenAPI schema at /docs and /openapi.json")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--policy", default="sarathi")
-    p.add_argument("--token-budget", type=int, default=None,
+    m.add_argument("--served-model-name", default=None, help="the `model` clients name (default: --model)")
+    m.add_argument("--device", default="cpu")
+    m.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    m.add_argument("--max-model-len", type=int, default=None)
+    m.add_argument("--seed", type=int, default=0, help="seeds the weights of presets and the sampling seeds of "
+                                                       "requests that give none")
+    m.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    s = p.add_argument_group("scheduler and KV cache")
+    s.add_argument("--policy", default="sarathi")
+    s.add_argument("--token-budget", type=int, default=None,
                    help=f"tokens per step (default {STATIC_BUDGET}); with --tbt-slo, the cap of each step "
                         f"(default {ENGINE_ADAPTIVE_CAP})")
-    p.add_argument("--tbt-slo", type=float, default=None,
-                   help="time-between-tokens target (s): size each step to it (the adaptive budget, "
-                        "learned online from the engine's own steps)")
-    p.add_argument("--ttft-slo", type=float, default=None,
-                   help="time-to-first-token target (s) of the goodput /metrics reports (its TBT target: --tbt-slo)")
-    p.add_argument("--chunk-size", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized from free memory")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
+    s.add_argument("--chunk-size", type=int, default=None, help="largest prefill chunk (default: the budget)")
+    s.add_argument("--max-num-seqs", type=int, default=64)
+    s.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    s.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized from free memory")
+    s.add_argument("--tile-size", default=None,
+                   help="GEMM tile rows to align steps to: an int, or 'auto' (this device's GEMM tile); "
+                        "default: no alignment")
+    s.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="share the KV blocks of common prompt prefixes (default on)")
+    b = p.add_argument_group("SLO and budget rule")
+    b.add_argument("--tbt-slo", type=float, default=None,
+                   help="time-between-tokens target (s): sizes the steps (see --budget-rule) and is the TBT "
+                        "target of the goodput /metrics reports")
+    b.add_argument("--budget-rule", choices=BUDGET_RULES, default=None,
+                   help="with --tbt-slo and no --token-budget: adaptive (the default: each step sized to the "
+                        "SLO by a step-time model learned online) or slo-static (one budget: the largest "
+                        "tile-aligned step within the SLO, measured on this engine at start-up)")
+    b.add_argument("--budget-tile", type=int, default=None,
+                   help="tile the slo-static budget is a multiple of (default 128)")
+    b.add_argument("--ttft-slo", type=float, default=None,
+                   help="time-to-first-token target (s) of the goodput /metrics reports")
+    d = p.add_argument_group("parallelism")
+    d.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="worker processes per pipeline stage (across machines: python -m sarathi_rt.launch)")
-    p.add_argument("--pipeline-parallel-size", type=int, default=1)
-    p.add_argument("--worker-timeout", type=float, default=300.0, help="seconds a worker may keep a step")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    d.add_argument("--pipeline-parallel-size", type=int, default=1)
+    d.add_argument("--worker-timeout", type=float, default=300.0, help="seconds a worker may keep a step")
+    h = p.add_argument_group("HTTP and limits")
+    h.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    h.add_argument("--port", type=int, default=8000)
+    h.add_argument("--max-waiting", type=int, default=256,
+                   help="answer 503 while this many requests wait for their first step")
+    h.add_argument("--max-request-bytes", type=int, default=4 << 20,
+                   help="answer 413 to a larger request body (default 4 MiB)")
+    h.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="answer 400 to a longer prompt (default: max_model_len - 1)")
+    h.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGINT/SIGTERM, seconds running requests get to finish before their streams are "
+                        "ended with an error event (default 30)")
+    h.add_argument("--docs", action="store_true", help="serve the OpenAPI schema at /docs and /openapi.json")
+    h.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(run=run)
+
+
+def _budget(args: argparse.Namespace) -> tuple[int, float | None]:
+    """(token_budget, the engine's tbt_slo) by the budget rule: a given budget (adaptive
+    under it with --tbt-slo), the adaptive rule's cap, or the slo-static budget."""
+    rule_applies = args.tbt_slo is not None and args.token_budget is None
+    if args.budget_rule is not None and not rule_applies:
+        raise ValueError("--budget-rule applies only with --tbt-slo and no --token-budget")
+    if args.budget_tile is not None and args.budget_rule != "slo-static":
+        raise ValueError("--budget-tile not used: it sizes the --budget-rule slo-static budget")
+    if args.token_budget is not None:
+        return args.token_budget, args.tbt_slo
+    if args.tbt_slo is None:
+        return STATIC_BUDGET, None
+    if args.budget_rule != "slo-static":
+        return ENGINE_ADAPTIVE_CAP, args.tbt_slo
+    return _slo_static_budget(args), None
+
+
+def _slo_static_budget(args: argparse.Namespace) -> int:
+    """The largest tile-aligned step within --tbt-slo, timed on an engine of the same
+    model (32 decodes over 1024-token contexts, less if the cache is smaller); that
+    engine is closed before the serving one loads, so the weights load twice."""
+    from sarathi_rt.llm import LLM
+    from sarathi_rt.measure.step_timing import measure_step_curve
+    from sarathi_rt.sim.budget import choose_token_budget
+
+    tile = args.budget_tile or 128
+    num_decodes = min(32, args.max_num_seqs)
+    with LLM(args.model, **_engine_options(args), token_budget=tile * 8, tbt_slo=None) as probe:
+        # The largest step's prefill chunk and every row's context (the decodes' and the
+        # chunk's) must fit the cache together.
+        room = probe.engine.executor.num_kv_blocks * args.block_size - tile * 8
+        profile = measure_step_curve(probe.engine, [tile * k for k in range(1, 9)], num_decodes=num_decodes,
+                                     context_len=max(1, min(1024, room // (num_decodes + 1) - 2 * args.block_size)))
+    choice = choose_token_budget(profile, args.tbt_slo, tile)
+    print(f"sarathi-rt serve: token budget from the {args.tbt_slo * 1e3:g} ms SLO: {choice.token_budget} "
+          f"(T = {choice.step_time * 1e3:.1f} ms)", flush=True)
+    return choice.token_budget
+
+
+def _engine_options(args: argparse.Namespace) -> dict[str, object]:
+    tile = args.tile_size
+    if tile is not None and tile != "auto":
+        try:
+            tile = int(tile)
+        except ValueError:
+            raise ValueError(f"--tile-size must be an int or 'auto', got {tile!r}") from None
+    return dict(device=args.device, dtype=args.dtype, policy=args.policy, chunk_size=args.chunk_size,
+                max_num_seqs=args.max_num_seqs, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                max_model_len=args.max_model_len, seed=args.seed, tokenizer=args.tokenizer,
+                tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,
+                worker_timeout=args.worker_timeout, enable_prefix_caching=args.prefix_caching,
+                tile_size=tile)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,15 +148,10 @@ def run(args: argparse.Namespace) -> int:
     llm = None
     try:
         limits = Limits(max_request_bytes=args.max_request_bytes, max_prompt_tokens=args.max_prompt_tokens)
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, policy=args.policy,
-                  token_budget=args.token_budget or (ENGINE_ADAPTIVE_CAP if args.tbt_slo else STATIC_BUDGET),
-                  tbt_slo=args.tbt_slo, chunk_size=args.chunk_size, max_num_seqs=args.max_num_seqs,
-                  num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len, seed=args.seed,
-                  tokenizer=args.tokenizer, tensor_parallel_size=args.tensor_parallel_size,
-                  pipeline_parallel_size=args.pipeline_parallel_size, worker_timeout=args.worker_timeout,
-                  enable_prefix_caching=args.prefix_caching)
+        token_budget, engine_slo = _budget(args)
+        llm = LLM(args.model, **_engine_options(args), token_budget=token_budget, tbt_slo=engine_slo)
         server = OpenAIServer(llm, args.served_model_name or str(args.model), max_waiting=args.max_waiting,
-                              limits=limits, docs=args.docs, ttft_slo=args.ttft_slo)
+                              limits=limits, docs=args.docs, ttft_slo=args.ttft_slo, tbt_slo=args.tbt_slo)
         http = DrainingServer(server, args.host, args.port, args.shutdown_timeout, args.log_level)
     except (ValueError, TypeError) as exc:
         if llm is not None:
