@@ -71,11 +71,10 @@ class RequestOutput:
     token, included in token_ids), "length" (max_tokens or the model's context
     reached) or "abort". `logprobs` (a TokenLogprob per token in token_ids) when
     SamplingParams.logprobs is set; `prompt_logprobs` (None for the first prompt token,
-    which nothing predicts, then one per prompt token) when prompt_logprobs is. `index`:
-    which of the request's SamplingParams.n samples this is. With a tokenizer, `text` is
-    the text generated so far and `new_text` what this output adds to it (the stream's
-    delta; it can be empty while a character or a possible stop string is incomplete);
-    without one both are None."""
+    which nothing predicts, then one per prompt token) when prompt_logprobs is. With a
+    tokenizer, `text` is the text generated so far and `new_text` what this output adds
+    to it (the stream's delta; it can be empty while a character or a possible stop
+    string is incomplete); without one both are None."""
 
     request_id: Hashable
     prompt_token_ids: list[int]
@@ -88,7 +87,6 @@ class RequestOutput:
     text: str | None = None
     new_text: str | None = None
     prompt_logprobs: Sequence[TokenLogprob | None] | None = None
-    index: int = 0
 
     @property
     def relegated(self) -> bool:
