@@ -113,16 +113,23 @@ class SarathiScheduler(Scheduler):
         return pending
 
     def _make_room(self, b: StepBuilder) -> None:
-        """When the cache cannot hold the first chunk of the best-ranked waiting request
-        that is not relegated, preempt idle running requests of lower priority (or
-        relegated) whose next deadline leaves time to recompute them, until it can:
-        when memory binds, the tight classes keep their blocks and get new ones. The
-        queue is in the previous step's order (newcomers at the end)."""
-        head = next((r for r in self._waiting if not r.relegated), None)
+        """When the cache cannot hold the next chunk of the request waiting for its
+        first token with the earliest deadline (not relegated; in progress or queued)
+        beside the blocks kept for the decodes,
+        preempt idle running requests of lower priority (or relegated) whose next
+        deadline leaves time to recompute them, until it can: when memory binds, the
+        tight classes keep their blocks and get new ones."""
+        pending = itertools.chain((r for r in self._running.values() if not r.in_flight and r.is_prefill),
+                                  self._waiting)
+        head = min((r for r in pending if not r.relegated and r.num_generated == 0),
+                   key=lambda r: r.next_deadline(), default=None)
         if head is None:
             return
-        bs = self.config.block_size
-        need = -(-min(self._cap(head), head.prefill_target) // bs) + self._admit_keep_free()
+        target = head.num_computed + min(self._cap(head), head.prefill_target - head.num_computed)
+        # What _prefill_chunk will keep free beside the chunk: the decodes' next blocks.
+        need = -(-target // self.config.block_size) - len(head.blocks) + self._decode_need(self._decodes())
+        if head.status is RequestStatus.WAITING:
+            need += self._admit_keep_free()
         if self._blocks.num_free >= need:
             return
         rate = DeadlineOrder(self.step_time_model, self._now, 0.0, self.config.token_budget,  # type: ignore[arg-type]
