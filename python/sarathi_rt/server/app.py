@@ -54,7 +54,8 @@ class OpenAIServer:
     """Serves `llm` (its engine and tokenizer) as `model_name`; `limits` bound what one
     request may ask for; docs=True serves /docs and /openapi.json. ttft_slo / tbt_slo
     (seconds): the targets of the goodput /metrics reports; tbt_slo defaults to the
-    engine's own (the adaptive budget's)."""
+    engine's own (the adaptive budget's). A request's `service_tier` names its QoS class
+    among the engine's qos_classes ("auto" or none: default_qos); responses echo it."""
 
     def __init__(self, llm: LLM, model_name: str, max_waiting: int = 256, limits: Limits | None = None,
                  docs: bool = False, ttft_slo: float | None = None, tbt_slo: float | None = None) -> None:
@@ -71,7 +72,8 @@ class OpenAIServer:
         self._live: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
         self.draining = False
         self.engine = AsyncLLMEngine(llm.engine)
-        self.stats = ServerStats(ttft_slo, llm.engine.config.tbt_slo if tbt_slo is None else tbt_slo)
+        self.stats = ServerStats(ttft_slo, llm.engine.config.tbt_slo if tbt_slo is None else tbt_slo,
+                                 llm.engine.scheduler_config.qos_classes)
         self.created = int(time.time())
         self.app = BodyLimit(self._build(docs), self.limits.max_request_bytes, self._refused_body)
 
@@ -206,20 +208,37 @@ class OpenAIServer:
                    ) -> tuple[asyncio.Queue[RequestOutput | Exception], str]:
         self._check_length(len(prompt))
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        qos = self._qos(body)
         try:
             params = body.sampling_params(max(1, self.llm.engine.max_model_len - len(prompt)))
-            queue = await self.engine.add_request(request_id, prompt, params)
+            queue = await self.engine.add_request(request_id, prompt, params, qos=qos)
         except (ValueError, TypeError) as exc:
             raise ApiError(400, str(exc)) from None
         self._live[request_id] = queue
         return queue, request_id
+
+    def _qos(self, body: SamplingRequest) -> str | None:
+        """The QoS class body.service_tier selects: a class of the engine's qos_classes
+        by name; "auto" or none, the engine's default_qos. 400 for any other tier."""
+        config = self.llm.engine.scheduler_config
+        tier = body.service_tier
+        if tier is None or tier == "auto":
+            return config.default_qos
+        if config.qos_classes is None or tier not in config.qos_classes:
+            tiers = ["auto", *(config.qos_classes or ())]
+            raise ApiError(400, f"service_tier must be one of {tiers}, got {tier!r}", param="service_tier")
+        return tier
+
+    def _tier(self, body: SamplingRequest) -> str:
+        """The tier a response echoes: the class that served it ("default" without classes)."""
+        return self._qos(body) or "default"
 
     async def _respond(self, body: SamplingRequest, request_id: str,
                        queue: asyncio.Queue[RequestOutput | Exception], num_prompt_tokens: int, request: Request,
                        chat: bool) -> Any:
         outputs = self._outputs(request_id, queue)
         if body.stream:
-            return StreamingResponse(self._events(request_id, outputs, chat, body.include_usage),
+            return StreamingResponse(self._events(request_id, outputs, chat, body.include_usage, self._tier(body)),
                                      media_type="text/event-stream")
         watcher = asyncio.create_task(self._abort_on_disconnect(request, request_id))
         try:
@@ -235,7 +254,8 @@ class OpenAIServer:
             raise ApiError(499, "the request was aborted", kind="aborted")
         response = completion_body(request_id, self.model_name, chat, last.text, last.finish_reason, stream=False,
                                    token_ids=self._ids_without_text(last.token_ids),
-                                   logprobs=self._logprobs(chat, last, len(last.token_ids), 0))
+                                   logprobs=self._logprobs(chat, last, len(last.token_ids), 0),
+                                   service_tier=self._tier(body))
         return response | {"usage": usage(num_prompt_tokens, len(last.token_ids))}
 
     def _ids_without_text(self, ids: Any) -> list[int] | None:
@@ -291,7 +311,7 @@ class OpenAIServer:
                 self.stats.requests["abort"] += 1
 
     async def _events(self, request_id: str, outputs: AsyncIterator[RequestOutput], chat: bool,
-                      include_usage: bool) -> AsyncIterator[str]:
+                      include_usage: bool, tier: str) -> AsyncIterator[str]:
         """One server-sent event per generated token (its text may be empty while a
         character or a possible stop string is incomplete), then usage and [DONE]."""
         last = None
@@ -301,7 +321,8 @@ class OpenAIServer:
                 chunk = completion_body(request_id, self.model_name, chat, out.new_text,
                                         out.finish_reason, stream=True, role=chat and last is None,
                                         token_ids=self._ids_without_text(out.new_token_ids),
-                                        logprobs=self._logprobs(chat, out, len(out.new_token_ids), text_offset))
+                                        logprobs=self._logprobs(chat, out, len(out.new_token_ids), text_offset),
+                                        service_tier=tier)
                 text_offset += len(out.new_text or "")
                 last = out
                 yield f"data: {json.dumps(chunk)}\n\n"

@@ -19,7 +19,7 @@ from sarathi_rt.sampling import MAX_LOGPROBS, SamplingParams
 # quietly ignores them.
 UNSUPPORTED = frozenset({
     "suffix", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
-    "response_format", "audio", "modalities", "prediction", "reasoning_effort", "verbosity", "service_tier",
+    "response_format", "audio", "modalities", "prediction", "reasoning_effort", "verbosity",
     "store", "metadata", "web_search_options", "repetition_penalty", "min_tokens", "min_p", "stop_token_ids",
     "bad_words", "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens", "chat_template",
     "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "use_beam_search",
@@ -62,7 +62,8 @@ class StreamOptions(Strict):
 class SamplingRequest(Strict):
     """What /v1/completions and /v1/chat/completions share. ignore_eos and top_k are not
     OpenAI's (vLLM has them too); benchmarks need ignore_eos for fixed output lengths.
-    `user` is accepted because it never changes the output."""
+    `user` is accepted because it never changes the output. `service_tier` selects the
+    request's QoS class (OpenAI's name; see OpenAIServer)."""
 
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(default=None, ge=1)
@@ -80,6 +81,7 @@ class SamplingRequest(Strict):
     frequency_penalty: float = 0.0
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
+    service_tier: Optional[str] = None
 
     @model_validator(mode="after")
     def _supported(self) -> SamplingRequest:
@@ -230,9 +232,11 @@ def logprobs_body(chat: bool, token_ids: Sequence[int], logprobs: Sequence[Token
 
 def completion_body(request_id: str, model: str, chat: bool, text: str | None, finish_reason: str | None,
                     stream: bool, role: bool = False, token_ids: list[int] | None = None,
-                    logprobs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+                    logprobs: dict[str, Any] | None = None, index: int = 0,
+                    service_tier: str | None = None) -> dict[str, Any]:
     """One response (stream=False) or chunk of a stream, with a single choice; token_ids
-    (vLLM's name) carry the output of a model without a tokenizer, which has no text."""
+    (vLLM's name) carry the output of a model without a tokenizer, which has no text.
+    service_tier: the tier that served the request, echoed as OpenAI does."""
     choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason, "logprobs": logprobs}
     if token_ids is not None:
         choice["token_ids"] = token_ids
@@ -245,4 +249,5 @@ def completion_body(request_id: str, model: str, chat: bool, text: str | None, f
     else:
         choice["message"] = {"role": "assistant", "content": text or ""}
         kind = "chat.completion"
-    return {"id": request_id, "object": kind, "created": int(time.time()), "model": model, "choices": [choice]}
+    body = {"id": request_id, "object": kind, "created": int(time.time()), "model": model, "choices": [choice]}
+    return body if service_tier is None else body | {"service_tier": service_tier}

@@ -7,11 +7,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sarathi_rt.engine import LLMEngine
 from sarathi_rt.measure.metrics import RequestMetrics
 from sarathi_rt.measure.slo import meets_targets, slo_metrics
+from sarathi_rt.scheduler import QoSClass
 
 # Seconds; TTFT spans queueing and prefill, TBT one step.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -46,11 +48,14 @@ class ServerStats:
     """requests by status: a finish reason (stop, length, abort), or bad_request,
     overloaded or error for requests refused or failed before they finished.
     ttft_target / tbt_target (seconds): goodput's targets (measure.slo.meets_targets);
-    without either, goodput is NaN and no request counts as good."""
+    without either, goodput is NaN and no request counts as good. qos_classes: the
+    engine's; finished requests are then counted per class, with those that met every
+    deadline of their class (attained) and those the scheduler relegated."""
 
     SLO_WINDOW = 1000  # finished requests the SLO gauges look back over
 
-    def __init__(self, ttft_target: float | None = None, tbt_target: float | None = None) -> None:
+    def __init__(self, ttft_target: float | None = None, tbt_target: float | None = None,
+                 qos_classes: Mapping[str, QoSClass] | None = None) -> None:
         for name, value in (("ttft_target", ttft_target), ("tbt_target", tbt_target)):
             if value is not None and not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive finite number of seconds or None, got {value!r}")
@@ -63,6 +68,10 @@ class ServerStats:
         self.recent: deque[RequestMetrics] = deque(maxlen=self.SLO_WINDOW)
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.qos_classes = qos_classes or {}
+        self.qos_requests: Counter[str] = Counter()
+        self.qos_attained: Counter[str] = Counter()
+        self.qos_relegated: Counter[str] = Counter()
 
     def finished(self, reason: str, metrics: RequestMetrics) -> None:
         self.requests[reason] += 1
@@ -78,6 +87,12 @@ class ServerStats:
         self.recent.append(metrics)
         self.prompt_tokens += metrics.num_prompt_tokens
         self.generation_tokens += metrics.num_generated_tokens
+        qos = self.qos_classes.get(metrics.qos or "")
+        if qos is not None:
+            self.qos_requests[metrics.qos] += 1  # type: ignore[index]
+            self.qos_attained[metrics.qos] += qos.attained(metrics.arrival_time, metrics.token_times,  # type: ignore[index]
+                                                           reason != "abort")
+            self.qos_relegated[metrics.qos] += metrics.relegated  # type: ignore[index]
 
     def slo_gauges(self, engine: LLMEngine) -> list[tuple[str, str, float]]:
         """(name, help, value) of each SLO gauge; NaN where the window has nothing to measure."""
@@ -123,11 +138,33 @@ class ServerStats:
             ("sarathi_rt_kv_blocks_total", "gauge", "KV cache blocks.",
              [f"sarathi_rt_kv_blocks_total {total_blocks}"]),
         ] + [(name, "gauge", help_text, [f"{name} {_number(value)}"])
-             for name, help_text, value in self.slo_gauges(engine)]
+             for name, help_text, value in self.slo_gauges(engine)] + self._qos_series()
         lines = []
         for name, kind, help_text, samples in series:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"] + samples
         return "\n".join(lines) + "\n"
+
+
+    def _qos_series(self) -> list[tuple[str, str, str, list[str]]]:
+        if not self.qos_classes:
+            return []
+        names = list(self.qos_classes)
+
+        def per_class(counter: Counter[str]) -> list[str]:
+            return [f'{{qos_class="{c}"}} {counter[c]}' for c in names]
+
+        attainment = [f'{{qos_class="{c}"}} {_number(self.qos_attained[c] / self.qos_requests[c])}'
+                      if self.qos_requests[c] else f'{{qos_class="{c}"}} NaN' for c in names]
+        return [(name, kind, help_text, [name + s for s in samples]) for name, kind, help_text, samples in [
+            ("sarathi_rt_qos_requests_total", "counter", "Finished requests per QoS class (service tier).",
+             per_class(self.qos_requests)),
+            ("sarathi_rt_qos_attained_total", "counter", "Finished requests that met every deadline of their class.",
+             per_class(self.qos_attained)),
+            ("sarathi_rt_qos_relegated_total", "counter",
+             "Finished requests relegated (they could no longer make their first-token deadline).",
+             per_class(self.qos_relegated)),
+            ("sarathi_rt_qos_attainment", "gauge", "Share of a class's finished requests that met every deadline.",
+             attainment)]]
 
 
 def _number(x: float) -> str:

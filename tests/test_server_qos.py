@@ -1,0 +1,78 @@
+"""The server's service tiers: the official openai client sends service_tier, which
+selects the request's QoS class; responses echo it; an unknown tier is a 400 and the
+server keeps serving; /metrics counts attainment and relegations per class."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from text_models import tiny_tokenizer  # noqa: E402
+from sarathi_rt import LLM, SamplingParams  # noqa: E402
+from sarathi_rt.scheduler import QoSClass  # noqa: E402
+from sarathi_rt.server import OpenAIServer  # noqa: E402
+
+pytestmark = pytest.mark.slow  # starts a server on loopback
+
+TIERS = {"priority": QoSClass(ttft=30.0, tbt=10.0, priority=2), "default": QoSClass(ttft=60.0, tbt=10.0, priority=1),
+         "flex": QoSClass(ttft=1e-6, tbt=1e-6)}  # flex: hopeless, so always relegated
+GREEDY = {"temperature": 0.0, "max_tokens": 6, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def served():
+    llm = LLM("tiny", tokenizer=tiny_tokenizer(), num_kv_blocks=128, block_size=8, token_budget=64, max_num_seqs=16,
+              qos_classes=TIERS, default_qos="default")
+    expected = llm.generate(["hello world"], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+                            use_tqdm=False)[0].text
+    server = OpenAIServer(llm, "tiny")
+    uv = uvicorn.Server(uvicorn.Config(server.app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    while not uv.started:
+        assert thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    port = uv.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}/v1", expected
+    uv.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_service_tier_selects_the_class_and_is_echoed(served) -> None:
+    base, expected = served
+    client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=60)
+    for tier, echoed in [(None, "default"), ("auto", "default"), ("priority", "priority"), ("flex", "flex")]:
+        # the client's legacy completions take no service_tier argument: it goes in the body
+        body = {"ignore_eos": True} | ({} if tier is None else {"service_tier": tier})
+        out = client.completions.create(model="tiny", prompt="hello world", **GREEDY | {"extra_body": body})
+        assert out.choices[0].text == expected and out.service_tier == echoed  # same output in every tier
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **GREEDY}
+    whole = client.chat.completions.create(service_tier="flex", **chat)
+    chunks = list(client.chat.completions.create(stream=True, service_tier="priority", **chat))
+    assert whole.service_tier == "flex" and chunks and all(c.service_tier == "priority" for c in chunks)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(service_tier="gold", **chat)  # type: ignore[arg-type]
+    assert "service_tier" in str(err.value) and err.value.body["param"] == "service_tier"
+    assert client.completions.create(model="tiny", prompt="hello world", **GREEDY).choices[0].text == expected
+    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
+    metrics = {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
+    assert metrics['sarathi_rt_qos_requests_total{qos_class="default"}'] == 3
+    assert metrics['sarathi_rt_qos_requests_total{qos_class="priority"}'] == 2
+    assert metrics['sarathi_rt_qos_attainment{qos_class="default"}'] == 1.0
+    assert metrics['sarathi_rt_qos_relegated_total{qos_class="flex"}'] == 2
+    assert metrics['sarathi_rt_qos_attained_total{qos_class="flex"}'] == 0
+
+
+def test_a_server_without_classes_takes_auto_only() -> None:
+    server = OpenAIServer(LLM("tiny", num_kv_blocks=32), "tiny")
+    from sarathi_rt.server.protocol import CompletionRequest
+    from sarathi_rt.server.app import ApiError
+
+    assert server._tier(CompletionRequest(prompt=[5, 6], service_tier="auto")) == "default"
+    with pytest.raises(ApiError, match=r"service_tier must be one of \['auto'\]"):
+        server._qos(CompletionRequest(prompt=[5, 6], service_tier="priority"))
