@@ -77,10 +77,10 @@ def test_prefill_logits_match_transformers(hf: HFModel, chunk: int) -> None:
 def test_logprobs_are_transformers_log_softmax(hf: HFModel) -> None:
     llm = LLM(str(hf.path), num_kv_blocks=16, block_size=8)
     prompt = hf.prompts[-1]
-    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, logprobs=True),
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, logprobs=0),
                        use_tqdm=False)[0]
     ref = torch.log_softmax(last_logits(hf.model, prompt), dim=0)[out.token_ids[0]].item()
-    assert out.logprobs is not None and abs(out.logprobs[0] - ref) < 1e-4
+    assert out.logprobs is not None and abs(out.logprobs[0].logprob - ref) < 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_generation_on_cuda_follows_transformers(hf_cuda: HFModel, dtype: str, t
     its logprob matches the reference's."""
     llm = LLM(str(hf_cuda.path), device="cuda", dtype=dtype, num_kv_blocks=64, block_size=16, token_budget=64,
               chunk_size=16, max_num_seqs=16, tile_size="auto")
-    params = [SamplingParams(temperature=0.0, max_tokens=m, logprobs=True) for m in hf_cuda.max_tokens]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, logprobs=0) for m in hf_cuda.max_tokens]
     outs = llm.generate(hf_cuda.prompts, params, use_tqdm=False)
     assert llm.engine.scheduler.num_free_blocks == 64
     for prompt, out in zip(hf_cuda.prompts, outs):
@@ -115,7 +115,7 @@ def test_generation_on_cuda_follows_transformers(hf_cuda: HFModel, dtype: str, t
         ref = logits[len(prompt) - 1:-1].log_softmax(dim=1)
         chosen = ref.gather(1, torch.tensor(out.token_ids).unsqueeze(1)).squeeze(1)
         assert (ref.max(dim=1).values - chosen).max() < tolerance
-        assert (chosen - torch.tensor(out.logprobs, dtype=torch.float64)).abs().max() < tolerance
+        assert (chosen - torch.tensor([lp.logprob for lp in out.logprobs], dtype=torch.float64)).abs().max() < tolerance
 
 
 @requires_cuda
