@@ -76,3 +76,17 @@ def test_a_server_without_classes_takes_auto_only() -> None:
     assert server._tier(CompletionRequest(prompt=[5, 6], service_tier="auto")) == "default"
     with pytest.raises(ApiError, match=r"service_tier must be one of \['auto'\]"):
         server._qos(CompletionRequest(prompt=[5, 6], service_tier="priority"))
+
+
+def test_serve_command_reads_qos_classes(tmp_path, capsys) -> None:
+    from sarathi_rt.cli import main
+    from sarathi_rt.commands.serve import DEFAULT_SERVICE_TIERS
+
+    assert list(DEFAULT_SERVICE_TIERS) == ["priority", "default", "flex"]
+    bad = tmp_path / "tiers.json"
+    bad.write_text('{"chat": {"ttft": 0, "tbt": 0.1}}')
+    assert main(["serve", "--model", "tiny", "--qos-classes", str(bad)]) == 2
+    assert "--qos-classes['chat']: ttft must be" in capsys.readouterr().err
+    bad.write_text("{chat")
+    assert main(["serve", "--model", "tiny", "--qos-classes", str(bad)]) == 2
+    assert "is not valid JSON" in capsys.readouterr().err

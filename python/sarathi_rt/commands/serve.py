@@ -7,12 +7,20 @@ import argparse
 import signal
 import sys
 
+from sarathi_rt.scheduler import QoSClass, get_policy
+from sarathi_rt.scheduler.qos import QOS_POLICIES
 from sarathi_rt.sim.budget import ENGINE_ADAPTIVE_CAP
 
-from ._serving import BUDGET_RULES
+from ._serving import BUDGET_RULES, load_qos_classes
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 STATIC_BUDGET = 256
+# The service tiers (OpenAI's names, chosen by a request's service_tier) without
+# --qos-classes; seconds: "priority" for interactive use that must feel instant,
+# "default" for a chat user, "flex" for work that can wait minutes.
+DEFAULT_SERVICE_TIERS = {"priority": QoSClass(ttft=1.0, tbt=0.1, priority=2),
+                         "default": QoSClass(ttft=5.0, tbt=0.25, priority=1),
+                         "flex": QoSClass(ttft=120.0, tbt=1.0, priority=0)}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -56,6 +64,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="tile the slo-static budget is a multiple of (default 128)")
     b.add_argument("--ttft-slo", type=float, default=None,
                    help="time-to-first-token target (s) of the goodput /metrics reports")
+    b.add_argument("--qos-classes", metavar="FILE.json", default=None,
+                   help='the service tiers a request\'s service_tier selects, e.g. {"chat": {"ttft": 2.0, "tbt": 0.1, '
+                        '"priority": 1}, "default": {"ttft": 30, "tbt": 0.5}} (seconds; auto or no service_tier: '
+                        '"default" if there is one, else the first). Default: ' + ", ".join(
+                            f"{n} (ttft {c.ttft:g} s, tbt {c.tbt:g} s)" for n, c in DEFAULT_SERVICE_TIERS.items()))
+    b.add_argument("--qos-policy", choices=QOS_POLICIES, default="deadline",
+                   help="deadline: schedule by the tiers' deadlines (policy sarathi); fcfs: only measure them")
     d = p.add_argument_group("parallelism")
     d.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="worker processes per pipeline stage (across machines: python -m sarathi_rt.launch)")
@@ -149,7 +164,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         limits = Limits(max_request_bytes=args.max_request_bytes, max_prompt_tokens=args.max_prompt_tokens)
         token_budget, engine_slo = _budget(args)
-        llm = LLM(args.model, **_engine_options(args), token_budget=token_budget, tbt_slo=engine_slo)
+        classes = DEFAULT_SERVICE_TIERS if args.qos_classes is None else load_qos_classes(args.qos_classes)
+        llm = LLM(args.model, **_engine_options(args), token_budget=token_budget, tbt_slo=engine_slo,
+                  qos_classes=classes, default_qos="default" if "default" in classes else next(iter(classes)),
+                  qos_policy=args.qos_policy if get_policy(args.policy).adaptive else "fcfs")
         server = OpenAIServer(llm, args.served_model_name or str(args.model), max_waiting=args.max_waiting,
                               limits=limits, docs=args.docs, ttft_slo=args.ttft_slo, tbt_slo=args.tbt_slo)
         http = DrainingServer(server, args.host, args.port, args.shutdown_timeout, args.log_level)
