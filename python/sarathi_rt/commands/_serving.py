@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Callable, Iterable, Sequence
 
 from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics
-from sarathi_rt.measure.step_timing import measure_step_curve
+from sarathi_rt.measure.step_timing import engine_slo_budget
 from sarathi_rt.scheduler import QoSClass, SchedulerConfig, available_policies, get_policy
 from sarathi_rt.scheduler.qos import QOS_POLICIES, qos_classes_from
 from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
@@ -430,14 +430,12 @@ def slo_derived_budget(args: argparse.Namespace, backend: SimBackend | EngineBac
     if isinstance(backend, SimBackend):
         profile = loaded_curve(backend.cost_model, workload, backend.num_blocks, args.block_size,
                                num_decodes=num_decodes)
+        choice = choose_token_budget(profile, args.tbt_slo, tile)
     else:
         args.token_budget = tile * 8  # the profiling engine must fit the largest batch
-        engine = backend.engine("sarathi", workload)
-        cache_tokens = engine.executor.num_kv_blocks * args.block_size
         mean_len = sum(r.num_prompt_tokens + r.num_decode_tokens for r in workload) // len(workload)
-        profile = measure_step_curve(engine, [tile * k for k in range(1, 9)], num_decodes=num_decodes,
-                                     context_len=max(1, min(mean_len, cache_tokens // num_decodes - tile)))
-    choice = choose_token_budget(profile, args.tbt_slo, tile)
+        profile, choice = engine_slo_budget(backend.engine("sarathi", workload), args.tbt_slo, tile_size=tile,
+                                            num_decodes=num_decodes, context_len=mean_len)
     print(f"token budget from the {args.tbt_slo * 1e3:g} ms SLO: {choice.token_budget} "
           f"(T = {choice.step_time * 1e3:.1f} ms with {num_decodes} decodes over {profile.context_len} tokens each)")
     plots = optional_plots()

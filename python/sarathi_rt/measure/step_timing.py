@@ -8,7 +8,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from sarathi_rt.sim.budget import StepTimeCurve, SyntheticRow, check_counts, hybrid_batch
+from sarathi_rt.sim.budget import BudgetChoice, StepTimeCurve, SyntheticRow, check_counts, choose_token_budget, hybrid_batch
 
 if TYPE_CHECKING:
     from sarathi_rt.engine import LLMEngine
@@ -77,3 +77,17 @@ def measure_step_curve(engine: LLMEngine, token_counts: Sequence[int], *, num_de
                        repeats=repeats, warmup=warmup)
     return StepTimeCurve(tuple(counts), tuple(statistics.median(t) for t in times), num_decodes, context_len,
                          label=f"{engine.config.model} on {engine.config.device}")
+
+
+def engine_slo_budget(engine: LLMEngine, tbt_slo: float, *, tile_size: int = 128, num_decodes: int = 32,
+                      context_len: int = 1024) -> tuple[StepTimeCurve, BudgetChoice]:
+    """The --budget-rule slo-static budget of a real engine: T(n) for n of 1 to 8 tiles,
+    each step `num_decodes` decodes and a chunk over `context_len` tokens (less when the
+    cache cannot hold the largest step: its chunk and every row's context), then the
+    largest tile-aligned n within the SLO. The engine must be idle and take 8 tiles a step."""
+    block_size = engine.config.block_size
+    room = engine.executor.num_kv_blocks * block_size - tile_size * 8
+    context = max(1, min(context_len, room // (num_decodes + 1) - 2 * block_size))
+    curve = measure_step_curve(engine, [tile_size * k for k in range(1, 9)], num_decodes=num_decodes,
+                               context_len=context)
+    return curve, choose_token_budget(curve, tbt_slo, tile_size)
