@@ -1,0 +1,176 @@
+"""QoS classes with deadlines: one deployment serving interactive (chat) and batch
+traffic, deadline-aware (qos_policy "deadline") against the same scheduler run FCFS
+(qos_policy "fcfs"), and against siloed replicas (one class each).
+
+    python bench/bench_qos.py [--requests 200] [--no-engine | --no-sim] [--smoke]
+
+Simulator, on the shipped A100 profiles (Llama-2-7B, Llama-3-8B) and two traces
+(ShareGPT, arXiv summarisation), sarathi with token budget 512, a 35% chat / 65% batch
+mix (Poisson arrivals, seeded):
+1. capacity (the highest QPS at which every class has >= 99% of its requests meeting
+   every deadline), deadline vs FCFS (target >= 1.2x);
+2. shared vs siloed on equal hardware: two replicas each serving half the mix with QoS,
+   against two replicas each serving one class (capacity = the rate at which the
+   weaker silo saturates) (target >= 1.25x);
+3. overload at 1.5x and 2x the FCFS capacity: the chat class's deadline violations
+   (target >= 10x fewer than FCFS) and the total goodput (target: not lower).
+Then the real engine on the CPU (SmolLM2-135M-Instruct, ShareGPT lengths / 16, classes
+with CPU-scale deadlines): the same three comparisons on a ladder of rates, run side by
+side in one process: at each rate the mix FCFS and deadline-aware on one engine (a
+replica of a shared pair), and the two silos (a chat-only and a batch-only engine at
+their shares of the pair's load, with their shares of its requests).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+
+from sarathi_rt.measure.metrics import MetricsSummary
+from sarathi_rt.scheduler import QoSClass, SchedulerConfig
+from sarathi_rt.sim import VidurCostModel, simulate
+from sarathi_rt.sim.capacity import AttainmentSLO, simulated_capacity
+from sarathi_rt.workloads import WorkloadConfig, data_path, make_workload
+
+PROFILES = {"llama-2-7b": "a100_llama-2-7b_mlp.csv.gz", "llama-3-8b": "a100_llama-3-8b_mlp.csv.gz"}
+TRACES = ("sharegpt", "arxiv")
+CLASSES = {"chat": QoSClass(ttft=2.0, tbt=0.1, priority=1), "batch": QoSClass(ttft=30.0, tbt=0.5)}
+MIX = {"chat": 0.35, "batch": 0.65}
+TIGHT = "chat"
+# CPU scale: SmolLM2-135M steps take 0.1-0.3 s on one thread of a shared 2-core machine.
+CPU_CLASSES = {"chat": QoSClass(ttft=4.0, tbt=1.0, priority=1), "batch": QoSClass(ttft=60.0, tbt=4.0)}
+ATTAINMENT = 0.99
+
+
+@dataclasses.dataclass
+class Cell:
+    """One (profile, trace): capacities in QPS and the overload runs."""
+
+    fcfs: float
+    deadline: float
+    silo_chat: float  # chat-only replica
+    silo_batch: float  # batch-only replica
+    overload: dict[float, tuple[MetricsSummary, MetricsSummary]]  # factor -> (fcfs, deadline)
+
+    @property
+    def siloed(self) -> float:
+        """Total rate two silos carry: each class's share saturates its own replica."""
+        return min(self.silo_chat / MIX["chat"], self.silo_batch / MIX["batch"])
+
+
+def sched_config(num_blocks: int, qos_policy: str = "deadline") -> SchedulerConfig:
+    return SchedulerConfig(token_budget=512, max_num_seqs=128, num_blocks=num_blocks, qos_classes=CLASSES,
+                           qos_policy=qos_policy)
+
+
+def violations(s: MetricsSummary, name: str = TIGHT) -> int:
+    q = s.qos[name]
+    return round(q.num_requests * (1 - q.attainment))
+
+
+def goodput(s: MetricsSummary) -> float:
+    return sum(q.goodput for q in s.qos.values() if q.num_requests)
+
+
+def sim_cell(profile: str, trace: str, n: int, probes: int) -> Cell:
+    cost = VidurCostModel(data_path(PROFILES[profile]))
+    blocks = cost.kv_cache_blocks()
+    work = WorkloadConfig(num_requests=n, lengths=trace, qos_mix=MIX, seed=0)
+    slo = AttainmentSLO(ATTAINMENT)
+
+    def cap(mix: dict[str, float], qos_policy: str) -> float:
+        return simulated_capacity(dataclasses.replace(work, qos_mix=mix), sched_config(blocks, qos_policy), cost,
+                                  slo, qps_start=1.0, rel_tol=0.04, max_probes=probes).max_qps
+
+    fcfs, deadline = cap(MIX, "fcfs"), cap(MIX, "deadline")
+    overload = {}
+    for factor in (1.5, 2.0):
+        reqs = make_workload(dataclasses.replace(work, qps=factor * fcfs))
+        overload[factor] = tuple(simulate(reqs, sched_config(blocks, p), cost).summary() for p in ("fcfs", "deadline"))
+    return Cell(fcfs, deadline, cap({"chat": 1.0}, "fcfs"), cap({"batch": 1.0}, "fcfs"), overload)  # type: ignore[arg-type]
+
+
+def print_cell(name: str, c: Cell) -> None:
+    print(f"{name}: capacity at >= {ATTAINMENT:.0%} per class: FCFS {c.fcfs:.3g} QPS, deadline {c.deadline:.3g} QPS "
+          f"-> {c.deadline / c.fcfs:.2f}x (target >= 1.2x)")
+    print(f"  shared vs siloed, two replicas: shared {2 * c.deadline:.3g} QPS, siloed {c.siloed:.3g} QPS "
+          f"(chat silo {c.silo_chat:.3g}, batch silo {c.silo_batch:.3g}) -> {2 * c.deadline / c.siloed:.2f}x "
+          f"(target >= 1.25x)")
+    for factor, (f, d) in c.overload.items():
+        vf, vd = violations(f), violations(d)
+        ratio = f"{vf / vd:.1f}x" if vd else ("inf" if vf else "n/a (none)")
+        print(f"  overload {factor:g}x FCFS capacity: {TIGHT} violations FCFS {vf}/{f.qos[TIGHT].num_requests}, "
+              f"deadline {vd} ({d.qos[TIGHT].relegated} relegated) -> {ratio} fewer (target >= 10x); "
+              f"goodput {goodput(f):.3g} vs {goodput(d):.3g} req/s")
+
+
+# --------------------------------------------------------------------- engine
+def engine_runs(model: str, n: int, rates: list[float], length_scale: float) -> None:
+    """At each rate: the mix on one engine, FCFS then deadline; and the two silos (a
+    chat-only and a batch-only engine at their shares of the rate)."""
+    from sarathi_rt.engine import EngineConfig, LLMEngine
+    from sarathi_rt.measure.metrics import summarize
+    from sarathi_rt.measure.replay import replay, warm_up
+
+    executor = None
+
+    def run(rate: float, mix: dict[str, float], qos_policy: str, num_requests: int) -> MetricsSummary:
+        nonlocal executor
+        config = EngineConfig(model=model, token_budget=256, max_num_seqs=32, num_kv_blocks=512,
+                              qos_classes=CPU_CLASSES, qos_policy=qos_policy)
+        engine = LLMEngine(config, executor=executor)
+        executor = engine.executor
+        warm_up(engine)
+        work = make_workload(WorkloadConfig(num_requests=num_requests, qps=rate, lengths="sharegpt",
+                                            length_scale=length_scale,
+                                            max_total_tokens=2048, qos_mix=mix, seed=1))
+        return summarize(*replay(engine, work), qos_classes=CPU_CLASSES)
+
+    print(f"engine: {model} on the CPU, {n} requests per run, ShareGPT x{length_scale:g}; classes "
+          + ", ".join(f"{k} ttft {c.ttft:g} s tbt {c.tbt:g} s" for k, c in CPU_CLASSES.items()))
+    print("  QPS  | FCFS chat/batch attained | deadline chat/batch (relegated) | silos chat/batch | goodput F/D")
+    for rate in rates:
+        f, d = run(rate, MIX, "fcfs", n), run(rate, MIX, "deadline", n)
+        # Two replicas, shared: each gets half the load; siloed: each class its own replica.
+        sc = run(2 * rate * MIX["chat"], {"chat": 1.0}, "fcfs", max(1, round(2 * n * MIX["chat"])))
+        sb = run(2 * rate * MIX["batch"], {"batch": 1.0}, "fcfs", max(1, round(2 * n * MIX["batch"])))
+        print(f"  {rate:4.2f} | {f.qos['chat'].attainment:6.1%} / {f.qos['batch'].attainment:6.1%} | "
+              f"{d.qos['chat'].attainment:6.1%} / {d.qos['batch'].attainment:6.1%} ({d.qos['chat'].relegated}) | "
+              f"{sc.qos['chat'].attainment:6.1%} / {sb.qos['batch'].attainment:6.1%} | "
+              f"{goodput(f):.3f} / {goodput(d):.3f}")
+    if executor is not None:
+        executor.shutdown()
+    print("  (shared at rate r = two replicas at 2r in all, each at r; the silos get 2r x each class's share)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=200, help="requests per simulated run")
+    ap.add_argument("--probes", type=int, default=8, help="most simulated runs per capacity search")
+    ap.add_argument("--engine-requests", type=int, default=10, help="requests per engine run (of the mix)")
+    ap.add_argument("--engine-rates", default="0.12,0.25,0.5", help="QPS ladder of the engine runs")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--no-engine", action="store_true", help="simulator only")
+    ap.add_argument("--no-sim", action="store_true", help="engine only")
+    ap.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
+    args = ap.parse_args()
+    profiles, traces = list(PROFILES), list(TRACES)
+    if args.smoke:
+        profiles, traces, args.requests, args.probes = profiles[:1], traces[:1], 30, 3
+        args.model, args.engine_requests, args.engine_rates = "tiny", 4, "2.0"
+    print(f"load: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
+    for profile in profiles if not args.no_sim else []:
+        for trace in traces:
+            start = time.perf_counter()
+            print_cell(f"{profile} / {trace} ({args.requests} requests per run)",
+                       sim_cell(profile, trace, args.requests, args.probes))
+            print(f"  ({time.perf_counter() - start:.0f} s)")
+    if not args.no_engine:
+        engine_runs(args.model, args.engine_requests, [float(r) for r in args.engine_rates.split(",")],
+                    1 / 64 if args.smoke else 1 / 16)
+    print(f"load at the end: {os.getloadavg()[0]:.2f} (1 min)")
+
+
+if __name__ == "__main__":
+    main()
