@@ -13,7 +13,7 @@ from .block_manager import BlockManager
 from .config import SchedulerConfig
 from .batch_plan import BatchPlan, PlanEntry
 from .prefix_cache import PrefixCacheStats, block_hashes, next_block_hash
-from .qos import QoSClass
+from .qos import class_of
 from .request import Request, RequestInfo, RequestStatus
 from sarathi_rt.step_time import StepTimeModel
 
@@ -103,7 +103,7 @@ class Scheduler(ABC):
         time.perf_counter())."""
         if request_id in self._live:
             raise ValueError(f"request_id {request_id!r} is already scheduled")
-        qos, qos_class = self._qos_class(qos)
+        qos, qos_class = class_of(self.config.qos_classes, self.config.default_qos, qos)
         if arrival_time is None:
             arrival_time = time.perf_counter()
         elif isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) or \
@@ -122,21 +122,6 @@ class Scheduler(ABC):
         self._arrivals += 1
         self._live[request_id] = req
         self._waiting.append(req)
-
-    def _qos_class(self, qos: str | None) -> tuple[str | None, QoSClass | None]:
-        classes = self.config.qos_classes
-        if qos is None:
-            qos = self.config.default_qos
-            if qos is None:
-                if classes is not None:
-                    raise ValueError(f"qos is required: the scheduler has qos_classes "
-                                     f"{sorted(classes)} and no default_qos")
-                return None, None
-        if classes is None:
-            raise ValueError(f"qos {qos!r} given, but the scheduler has no qos_classes")
-        if qos not in classes:
-            raise ValueError(f"qos must be one of {sorted(classes)}, got {qos!r}")
-        return qos, classes[qos]
 
     def schedule(self, now: float | None = None) -> BatchPlan:
         """Build the next step. Requests in a plan stay out of later plans until that

@@ -78,3 +78,22 @@ def check_qos_settings(qos_classes: object, default_qos: object,
     if default_qos is not None and default_qos not in classes:
         raise ValueError(f"default_qos must be one of {sorted(classes)}, got {default_qos!r}")
     return classes
+
+
+def class_of(classes: Mapping[str, QoSClass] | None, default_qos: str | None,
+             qos: str | None) -> tuple[str | None, QoSClass | None]:
+    """A request's class name and class: `qos`, else `default_qos`; (None, None)
+    without classes. ValueError naming qos for a name that is not a class, or for no
+    name when classes have no default."""
+    if qos is None:
+        qos = default_qos
+        if qos is None:
+            if classes is not None:
+                raise ValueError(f"qos is required: the scheduler has qos_classes {sorted(classes)} "
+                                 "and no default_qos")
+            return None, None
+    if classes is None:
+        raise ValueError(f"qos {qos!r} given, but the scheduler has no qos_classes")
+    if qos not in classes:
+        raise ValueError(f"qos must be one of {sorted(classes)}, got {qos!r}")
+    return qos, classes[qos]
