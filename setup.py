@@ -6,6 +6,8 @@ Environment:
                          plus PTX for the newest (compute_90), see README "Build options"
   SARATHI_RT_CUTLASS_DIR CUTLASS include dir; default: the nvidia-cutlass package's headers
   SARATHI_RT_BUILD_JOBS  parallel compile jobs (default: all cores)
+  SARATHI_RT_NVTX_DIR    directory holding nvtx3/nvToolsExt.h; default: the nvidia-nvtx
+                         package's headers, else the CUDA toolkit's (none: no NVTX ranges)
 """
 from __future__ import annotations
 
@@ -33,6 +35,22 @@ def cutlass_include_dir() -> str:
         return ""
     include = Path(spec.origin).parent / "source" / "include"
     return str(include) if include.is_dir() else ""
+
+
+def nvtx_include_dir() -> str:
+    explicit = os.environ.get("SARATHI_RT_NVTX_DIR")
+    if explicit:
+        return explicit
+    try:
+        spec = importlib.util.find_spec("nvidia.nvtx")
+    except ModuleNotFoundError:  # no `nvidia` namespace package at all
+        return ""
+    if spec is None:
+        return ""
+    for root in spec.submodule_search_locations or []:
+        if (Path(root) / "include" / "nvtx3" / "nvToolsExt.h").is_file():
+            return str(Path(root) / "include")
+    return ""
 
 
 class CMakeExtension(Extension):
@@ -106,6 +124,7 @@ class CMakeBuild(build_ext):
             f"-DSARATHI_RT_CUDA={cuda}",
             f"-DSARATHI_RT_CUDA_ARCHS={archs}",
             f"-DSARATHI_RT_CUTLASS_DIR={tools['cutlass']}",
+            f"-DSARATHI_RT_NVTX_DIR={nvtx_include_dir()}",
             f"-DSARATHI_RT_VERSION={self.distribution.get_version()}",
         ]
         subprocess.run(configure, check=True)

@@ -15,6 +15,7 @@
 #include "sarathi_rt/gemm.h"
 #include "sarathi_rt/gemm_plan.h"
 #include "sarathi_rt/kv_ops.h"
+#include "sarathi_rt/nvtx.h"
 
 namespace py = pybind11;
 using namespace sarathi_rt;
@@ -68,6 +69,7 @@ void write_kv(uintptr_t key, uintptr_t value, uintptr_t k_cache, uintptr_t v_cac
   Status st;
   {
     py::gil_scoped_release release;
+    NvtxOpRange range("write_kv");
     if (device == kCpu) {
       st = write_kv_cpu(p);
     } else {
@@ -129,6 +131,7 @@ void hybrid_attention(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v
   Status st;
   {
     py::gil_scoped_release release;
+    NvtxOpRange range("attention");
     st = plan == 0 ? hybrid_attention_cpu(p) : hybrid_attention_cpu_planned(p, ptr<const int32_t>(plan),
                                                                                make_capacity(capacity));
   }
@@ -251,6 +254,7 @@ void build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k, u
   Status st;
   {
     py::gil_scoped_release release;
+    NvtxOpRange range("attention_plan");
     st = build_attention_plan(in, make_capacity(capacity), ptr<int32_t>(buffer));
   }
   raise_if_error(st);
@@ -275,6 +279,7 @@ void hybrid_attention_planned(uintptr_t q, uintptr_t out, uintptr_t k_cache, uin
   Status st;
   {
     py::gil_scoped_release release;
+    NvtxOpRange range("attention");
     st = hybrid_attention_cuda(p, args, ptr<void>(stream));
   }
   raise_if_error(st);
@@ -302,6 +307,7 @@ void gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int6
   p.split_k = split_k;
   p.workspace = ptr<void>(workspace);
   p.workspace_bytes = workspace_bytes;
+  NvtxOpRange range("gemm");
   launch(p, device, stream, &gemm_small_m_cpu, SRT_CUDA_LAUNCHER(gemm_cuda));
 }
 
@@ -384,6 +390,16 @@ PYBIND11_MODULE(_C, m) {
       .value("float16", DType::kFloat16)
       .value("bfloat16", DType::kBFloat16);
 
+  m.attr("NVTX") = kHaveNvtx;
+#if defined(SARATHI_RT_NVTX_INCLUDE)
+  m.attr("NVTX_INCLUDE") = SARATHI_RT_NVTX_INCLUDE;  // where the headers were: a test builds a tool with them
+#else
+  m.attr("NVTX_INCLUDE") = "";
+#endif
+  m.def("nvtx_push", [](const std::string& name, uint32_t argb) { nvtx_push(name.c_str(), argb); },
+        py::arg("name"), py::arg("argb"), "Push a range on this thread in the sarathi_rt NVTX domain.");
+  m.def("nvtx_pop", &nvtx_pop, "Pop this thread's innermost sarathi_rt NVTX range.");
+  m.def("nvtx_detail", &nvtx_detail, "Whether SARATHI_RT_NVTX=detail: per-layer and per-op ranges.");
   m.def("write_kv", &write_kv, py::arg("key"), py::arg("value"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("slot_mapping"), py::arg("num_tokens"), py::arg("key_strides"), py::arg("value_strides"),
         py::arg("cache_shape"), py::arg("dtype"), py::arg("device"), py::arg("stream"), py::arg("sync_check") = true);

@@ -183,11 +183,12 @@ class LLMEngine:
                 from self._failure
         outputs, self._aborted = self._aborted, []
         try:
-            while len(self._in_flight) < self.executor.pipeline_depth and self._submit_next():
-                pass
-            if self._in_flight:
-                plan, seqs, start = self._in_flight.popleft()
-                outputs += self._process(plan, seqs, self.executor.collect(), start)
+            with nvtx_range("step"):
+                while len(self._in_flight) < self.executor.pipeline_depth and self._submit_next():
+                    pass
+                if self._in_flight:
+                    plan, seqs, start = self._in_flight.popleft()
+                    outputs += self._process(plan, seqs, self.executor.collect(), start)
         except Exception as exc:  # the plans in flight are lost: the engine cannot go on
             self._failure = exc
             raise
@@ -245,14 +246,15 @@ class LLMEngine:
         for e, seq, scored in zip(plan.entries, seqs, out.prompt_logprobs):
             if scored is not None and seq.finish_reason != "abort":
                 seq.add_prompt_logprobs(e.start_pos, scored)
-        for (e, seq), token, logprob in zip(emitting, out.token_ids, out.logprobs):
-            if seq.finish_reason == "abort":  # aborted while this step ran
-                continue
-            seq.append(token, logprob, now)
-            updated.append(seq)
-            sampled[e.request_id] = token
-            if seq.finish_reason == "stop":
-                stopped.append(e.request_id)
+        with nvtx_range("detokenize"):  # appending each token decodes its text and checks the stops
+            for (e, seq), token, logprob in zip(emitting, out.token_ids, out.logprobs):
+                if seq.finish_reason == "abort":  # aborted while this step ran
+                    continue
+                seq.append(token, logprob, now)
+                updated.append(seq)
+                sampled[e.request_id] = token
+                if seq.finish_reason == "stop":
+                    stopped.append(e.request_id)
         finished = set(self.scheduler.update(plan, stopped, sampled))  # sampled: keys generated blocks
         outputs = []
         for seq in updated:

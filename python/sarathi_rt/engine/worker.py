@@ -9,7 +9,7 @@ import torch
 
 from sarathi_rt.engine.kv_cache import KVCache, KVCacheShape
 from sarathi_rt.models import ParallelLayout, load_model
-from sarathi_rt.utils.nvtx import nvtx_range
+from sarathi_rt.utils.nvtx import nvtx_detail_range, nvtx_range
 
 from .config import EngineConfig
 from .memory import auto_num_blocks, available_bytes
@@ -81,10 +81,11 @@ class Worker:
         with nvtx_range("forward"):
             hidden, residual = self.model(ctx, input_ids=input_ids if self.is_first else None,
                                           intermediate=intermediate)
-        if not self.is_last:
-            assert residual is not None  # every stage runs at least one layer
-            return hidden, residual
-        logits = self.model.compute_logits(hidden, residual, ctx)
+            if not self.is_last:
+                assert residual is not None  # every stage runs at least one layer
+                return hidden, residual
+            with nvtx_detail_range("logits", "layer"):
+                logits = self.model.compute_logits(hidden, residual, ctx)
         if logits is None:
             return None
         if not any(c.prompt_targets for c in step.chunks):

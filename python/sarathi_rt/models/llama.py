@@ -20,7 +20,7 @@ from sarathi_rt import ops
 from sarathi_rt.ops._registry import KERNELS
 from sarathi_rt.ops.attention import run_attention
 from sarathi_rt.ops.linear import apply_linear
-from sarathi_rt.utils.nvtx import nvtx_range
+from sarathi_rt.utils.nvtx import nvtx_detail_range
 
 from .config import ModelConfig
 from .context import StepContext
@@ -193,7 +193,7 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError("intermediate (hidden, residual) is required after the first stage")
             hidden, residual = intermediate
         for index, layer in self.layers.items():
-            with nvtx_range(f"layer{index}", "layer"):
+            with nvtx_detail_range(f"layer{index}", "layer"):
                 hidden, residual = layer(hidden, residual, ctx, self.cos_sin_cache)
         return hidden, residual
 
