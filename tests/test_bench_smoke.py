@@ -33,6 +33,7 @@ EXPECT = {
     "bench_gguf_load.py": r"skipped, .* not in the cache",
     "bench_import.py": r"sarathi_rt\.LLM +\d",
     "bench_linear_staircase.py": r"token budget for a .* TBT target",
+    "bench_multi_turn.py": r"answers identical: True",
     "bench_pipeline.py": r"PP=4 median bubble sarathi / vllm",
     "bench_pipeline_capacity.py": r"PP=4 sarathi vs vllm",
     "bench_prefix_cache.py": r"identical: True(.|\n)*capacity .*x with the cache",
