@@ -115,18 +115,11 @@ def _slo_static_budget(args: argparse.Namespace) -> int:
     model (32 decodes over 1024-token contexts, less if the cache is smaller); that
     engine is closed before the serving one loads, so the weights load twice."""
     from sarathi_rt.llm import LLM
-    from sarathi_rt.measure.step_timing import measure_step_curve
-    from sarathi_rt.sim.budget import choose_token_budget
+    from sarathi_rt.measure.step_timing import engine_slo_budget
 
     tile = args.budget_tile or 128
-    num_decodes = min(32, args.max_num_seqs)
     with LLM(args.model, **_engine_options(args), token_budget=tile * 8, tbt_slo=None) as probe:
-        # The largest step's prefill chunk and every row's context (the decodes' and the
-        # chunk's) must fit the cache together.
-        room = probe.engine.executor.num_kv_blocks * args.block_size - tile * 8
-        profile = measure_step_curve(probe.engine, [tile * k for k in range(1, 9)], num_decodes=num_decodes,
-                                     context_len=max(1, min(1024, room // (num_decodes + 1) - 2 * args.block_size)))
-    choice = choose_token_budget(profile, args.tbt_slo, tile)
+        _, choice = engine_slo_budget(probe.engine, args.tbt_slo, tile_size=tile, num_decodes=min(32, args.max_num_seqs))
     print(f"sarathi-rt serve: token budget from the {args.tbt_slo * 1e3:g} ms SLO: {choice.token_budget} "
           f"(T = {choice.step_time * 1e3:.1f} ms)", flush=True)
     return choice.token_budget
