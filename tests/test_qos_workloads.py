@@ -70,3 +70,21 @@ def test_simulator_reports_each_class_and_fcfs_matches_no_classes():
     assert dflt.qos["batch"].num_requests == 60 and math.isnan(dflt.qos["chat"].attainment)
     with pytest.raises(ValueError, match="qos is required"):
         simulate([replace(r, qos=None) for r in work], SchedulerConfig(qos_classes=CLASSES), cost)
+
+
+def test_configs_with_classes_pickle() -> None:
+    # Configs travel to worker processes (torchrun, multiprocessing): a read-only view
+    # that does not pickle broke `launch ... serve`, whose default tiers are classes.
+    import pickle
+
+    from sarathi_rt.engine.config import EngineConfig
+    from sarathi_rt.scheduler import QoSClass, SchedulerConfig
+
+    classes = {"chat": QoSClass(1.0, 0.1), "batch": QoSClass(60.0, 1.0)}
+    for config in (SchedulerConfig(qos_classes=classes, default_qos="chat", qos_policy="fcfs"),
+                   EngineConfig(model="tiny", qos_classes=classes, default_qos="chat"),
+                   WorkloadConfig(num_requests=4, qps=1.0, qos_mix={"chat": 0.5, "batch": 0.5})):
+        copy = pickle.loads(pickle.dumps(config))
+        assert copy == config
+    with pytest.raises(TypeError):
+        config.qos_mix["chat"] = 1.0  # type: ignore[index]

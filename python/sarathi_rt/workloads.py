@@ -16,8 +16,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from types import MappingProxyType
 from typing import TYPE_CHECKING
+
+from sarathi_rt.utils.frozen import FrozenMap
 
 if TYPE_CHECKING:
     import numpy as np
@@ -161,7 +162,7 @@ class WorkloadConfig:
         if self.arrival == "trace" and self.lengths in SYNTHETIC_LENGTHS:
             raise ValueError(f"arrival='trace' needs a trace in lengths, got {self.lengths!r}")
         if self.qos_mix is not None:
-            object.__setattr__(self, "qos_mix", MappingProxyType(check_qos_mix(self.qos_mix)))
+            object.__setattr__(self, "qos_mix", FrozenMap(check_qos_mix(self.qos_mix)))
         if self.lengths not in SYNTHETIC_LENGTHS:
             load_trace(self.lengths)  # fail here, naming the value, not mid-benchmark
 

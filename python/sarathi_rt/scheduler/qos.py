@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
+
+from sarathi_rt.utils.frozen import FrozenMap
 
 QOS_POLICIES = ("deadline", "fcfs")
 
@@ -61,7 +62,7 @@ def qos_classes_from(value: object, field: str = "qos_classes") -> Mapping[str, 
         if not isinstance(cls, QoSClass):
             raise ValueError(f"{field}[{name!r}] must be a QoSClass, got {type(cls).__name__}")
         out[name] = cls
-    return MappingProxyType(out)
+    return FrozenMap(out)
 
 
 def check_qos_settings(qos_classes: object, default_qos: object,

@@ -1,2 +1,2 @@
-"""Small helpers every layer shares: dtype parsing (`dtypes`) and NVTX ranges for nsys
-(`nvtx`)."""
+"""Small helpers every layer shares: dtype parsing (`dtypes`), NVTX ranges for nsys
+(`nvtx`) and a read-only mapping that pickles (`frozen`)."""
