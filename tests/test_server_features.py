@@ -2,14 +2,13 @@
 on loopback, checked against the library's own outputs for the same requests."""
 from __future__ import annotations
 
-import threading
-import time
 
 import pytest
 
 openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
+from http_servers import running  # noqa: E402
 from text_models import tiny_tokenizer  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
 from sarathi_rt.server import OpenAIServer  # noqa: E402
@@ -24,18 +23,8 @@ def served():
     llm = LLM("tiny", tokenizer=tiny_tokenizer(), num_kv_blocks=256, block_size=8, token_budget=64,
               max_num_seqs=32)
     server = OpenAIServer(llm, "tiny", max_waiting=64)
-    uv = uvicorn.Server(uvicorn.Config(server.app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    while not uv.started:
-        assert thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    host, port = uv.servers[0].sockets[0].getsockname()[:2]
-    assert host == "127.0.0.1"
-    yield server, f"http://127.0.0.1:{port}/v1"
-    uv.should_exit = True
-    thread.join(timeout=10)
-    assert not thread.is_alive(), "the server did not stop"
+    with running(server.app) as url:
+        yield server, url
 
 
 @pytest.fixture

@@ -3,15 +3,14 @@ selects the request's QoS class; responses echo it; an unknown tier is a 400 and
 server keeps serving; /metrics counts attainment and relegations per class."""
 from __future__ import annotations
 
-import threading
-import time
 
 import pytest
 
 openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from http_servers import running  # noqa: E402
 from text_models import tiny_tokenizer  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
 from sarathi_rt.scheduler import QoSClass  # noqa: E402
@@ -31,16 +30,8 @@ def served():
     expected = llm.generate(["hello world"], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
                             use_tqdm=False)[0].text
     server = OpenAIServer(llm, "tiny")
-    uv = uvicorn.Server(uvicorn.Config(server.app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    while not uv.started:
-        assert thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    port = uv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/v1", expected
-    uv.should_exit = True
-    thread.join(timeout=10)
+    with running(server.app) as url:
+        yield url, expected
 
 
 def test_service_tier_selects_the_class_and_is_echoed(served) -> None:
