@@ -406,17 +406,22 @@ def fill_defaults(args: argparse.Namespace, **by_mode: tuple[object, object]) ->
 def _choose_budget_rule(args: argparse.Namespace) -> None:
     """The default budget rule (sarathi_rt.sim.budget): with a TBT SLO and no token
     budget, the adaptive budget unless --budget-rule says slo-static."""
-    tbt_slo = getattr(args, "tbt_slo", None)
-    chosen = tbt_slo is not None and args.token_budget is None and not args.adaptive_budget
-    if args.budget_rule is not None and not chosen:
-        raise ValueError("--budget-rule applies only with --tbt-slo and neither --token-budget nor "
-                         "--adaptive-budget")
+    chosen = getattr(args, "tbt_slo", None) is not None and args.token_budget is None and not args.adaptive_budget
+    check_budget_flags(args.budget_rule, args.budget_tile, chosen)
     if chosen:
         args.budget_rule = args.budget_rule or "adaptive"
         args.adaptive_budget = args.budget_rule == "adaptive"
-    if args.budget_tile is not None and args.budget_rule != "slo-static":
-        raise ValueError("--budget-tile not used: it sizes the --budget-rule slo-static budget")
     args.budget_tile = args.budget_tile or 128
+
+
+def check_budget_flags(budget_rule: str | None, budget_tile: int | None, rule_chooses: bool) -> None:
+    """--budget-rule only where the rule chooses the budget (a TBT SLO and no explicit
+    budget), --budget-tile only for the slo-static rule (bench, capacity and serve)."""
+    if budget_rule is not None and not rule_chooses:
+        raise ValueError("--budget-rule applies only with --tbt-slo and no explicit budget (--token-budget, "
+                         "--adaptive-budget)")
+    if budget_tile is not None and not (rule_chooses and budget_rule == "slo-static"):
+        raise ValueError("--budget-tile not used: it sizes the --budget-rule slo-static budget")
 
 
 def slo_derived_budget(args: argparse.Namespace, backend: SimBackend | EngineBackend) -> int:

@@ -11,7 +11,7 @@ from sarathi_rt.scheduler import QoSClass, get_policy
 from sarathi_rt.scheduler.qos import QOS_POLICIES
 from sarathi_rt.sim.budget import ENGINE_ADAPTIVE_CAP
 
-from ._serving import BUDGET_RULES, load_qos_classes
+from ._serving import BUDGET_RULES, check_budget_flags, load_qos_classes
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 STATIC_BUDGET = 256
@@ -96,11 +96,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _budget(args: argparse.Namespace) -> tuple[int, float | None]:
     """(token_budget, the engine's tbt_slo) by the budget rule: a given budget (adaptive
     under it with --tbt-slo), the adaptive rule's cap, or the slo-static budget."""
-    rule_applies = args.tbt_slo is not None and args.token_budget is None
-    if args.budget_rule is not None and not rule_applies:
-        raise ValueError("--budget-rule applies only with --tbt-slo and no --token-budget")
-    if args.budget_tile is not None and args.budget_rule != "slo-static":
-        raise ValueError("--budget-tile not used: it sizes the --budget-rule slo-static budget")
+    check_budget_flags(args.budget_rule, args.budget_tile, args.tbt_slo is not None and args.token_budget is None)
     if args.token_budget is not None:
         return args.token_budget, args.tbt_slo
     if args.tbt_slo is None:
