@@ -71,18 +71,8 @@ class LLM:
             prompts = [prompts]
         if not isinstance(prompts, Sequence) or not prompts:
             raise ValueError("prompts must be a non-empty list of prompts (token-id lists or strings)")
-        if params is None or isinstance(params, SamplingParams):
-            per_prompt: Sequence[SamplingParams | None] = [params] * len(prompts)
-        elif isinstance(params, Sequence) and len(params) == len(prompts):
-            per_prompt = params
-        else:
-            raise ValueError(f"params must be one SamplingParams or one per prompt ({len(prompts)})")
-        if qos is None or isinstance(qos, str):
-            classes: Sequence[str | None] = [qos] * len(prompts)
-        elif isinstance(qos, Sequence) and len(qos) == len(prompts):
-            classes = qos
-        else:
-            raise ValueError(f"qos must be one class name or one per prompt ({len(prompts)})")
+        per_prompt = _one_per_prompt(params, SamplingParams, len(prompts), "params", "one SamplingParams")
+        classes = _one_per_prompt(qos, str, len(prompts), "qos", "one class name")
         return [(self._encode(p, i), sp, q) for i, (p, sp, q) in enumerate(zip(prompts, per_prompt, classes))]
 
     def _add_all(self, prompts: Prompt | Sequence[Prompt],
@@ -205,3 +195,13 @@ def load_tokenizer(model: str | Path, tokenizer: str | Path | None = None) -> To
     if (path / "tokenizer.json").is_file():
         return Tokenizer.from_dir(path)
     return None
+
+
+def _one_per_prompt(value: object, single: type, n: int, name: str, what: str) -> Sequence:
+    """`value` (None or one `single`) repeated for each of `n` prompts, or a sequence of
+    exactly n; ValueError naming `name` otherwise."""
+    if value is None or isinstance(value, single):
+        return [value] * n
+    if isinstance(value, Sequence) and len(value) == n:
+        return value
+    raise ValueError(f"{name} must be {what} or one per prompt ({n})")
