@@ -77,9 +77,10 @@ class LLM:
 
     def _add_all(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None,
-                 qos: str | Sequence[str | None] | None = None) -> list[str]:
-        """Add every prompt or none: a bad one rolls back those added before it."""
-        ids: list[str] = []
+                 qos: str | Sequence[str | None] | None = None) -> dict[str, int]:
+        """Add every prompt or none: a bad one rolls back those added before it. Returns
+        the request ids, in prompt order, with their number of samples."""
+        ids: dict[str, int] = {}
         for i, (tokens, sp, q) in enumerate(self._requests(prompts, params, qos)):
             request_id = f"llm-{next(self._ids)}"
             try:
@@ -88,7 +89,7 @@ class LLM:
                 for done in ids:
                     self.engine.abort(done)
                 raise type(exc)(f"prompts[{i}]: {exc}") from exc
-            ids.append(request_id)
+            ids[request_id] = 1 if sp is None else sp.n
         return ids
 
     def _chat_prompts(self, conversations: Conversation | Sequence[Conversation]) -> list[list[int]]:
@@ -111,18 +112,26 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, qos: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs in prompt order. The progress bar
-        shows on a terminal only. `qos`: the QoS class (one for all, or one per prompt)
-        when the LLM was made with qos_classes."""
+        """Run every prompt to completion; one output per prompt, in prompt order (with
+        SamplingParams(n > 1): sample 0's, holding all n in `samples` / `outputs`). The
+        progress bar shows on a terminal only. `qos`: the QoS class (one for all, or one
+        per prompt) when the LLM was made with qos_classes."""
         ids = self._add_all(prompts, params, qos)
-        order = {request_id: i for i, request_id in enumerate(ids)}
-        results: list[RequestOutput | None] = [None] * len(ids)
+        samples: dict[str, list[RequestOutput | None]] = {request_id: [None] * n for request_id, n in ids.items()}
         with tqdm(total=len(ids), desc="generate", unit="req", disable=None if use_tqdm else True) as bar:
-            for out in self._drive(set(ids)):
+            for out in self._drive(ids):
                 if out.finished:
-                    results[order[out.request_id]] = out
-                    bar.update(1)
-        return results  # type: ignore[return-value]
+                    done = samples[out.request_id]
+                    done[out.index] = out
+                    bar.update(all(x is not None for x in done))
+        results = []
+        for done in samples.values():
+            first = done[0]
+            assert first is not None
+            if len(done) > 1:
+                first.samples = tuple(done)  # type: ignore[arg-type]  (all finished)
+            results.append(first)
+        return results
 
     def chat(self, conversations: Conversation | Sequence[Conversation],
              params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -136,18 +145,20 @@ class LLM:
                params: SamplingParams | Sequence[SamplingParams] | None = None,
                qos: str | Sequence[str | None] | None = None) -> Iterator[RequestOutput]:
         """Yield each step's output for each of these prompts (new_token_ids holds the
-        step's token, new_text its text); a request's last output has finished=True.
-        Closing the iterator early aborts what is still running."""
-        yield from self._drive(set(self._add_all(prompts, params, qos)))
+        step's token, new_text its text); a request's last output has finished=True
+        (with n > 1, each sample's, told apart by `index`). Closing the iterator early
+        aborts what is still running."""
+        yield from self._drive(self._add_all(prompts, params, qos))
 
-    def _drive(self, ids: set[str]) -> Iterator[RequestOutput]:
-        live = set(ids)
+    def _drive(self, ids: dict[str, int]) -> Iterator[RequestOutput]:
+        """Step until every sample of the requests `ids` (id -> samples) finished."""
+        live = dict(ids)
         try:
             while live:
                 for out in self.engine.step():
                     if out.request_id in live:
                         if out.finished:
-                            live.discard(out.request_id)
+                            _count_down(live, out.request_id)
                         yield out
         finally:  # the consumer stopped early (or a step raised)
             for request_id in live:
@@ -160,18 +171,18 @@ class LLM:
         """`stream` for asyncio: steps run in a worker thread between yields."""
         aengine = self._async_engine()
         queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
-        live: set[str] = set()
+        live: dict[str, int] = {}  # request id -> samples still running
         try:
             for tokens, sp, q in self._requests(prompts, params, qos):
                 request_id = f"llm-{next(self._ids)}"
                 await aengine.add_request(request_id, tokens, sp, queue, qos=q)
-                live.add(request_id)
+                live[request_id] = 1 if sp is None else sp.n
             while live:
                 out = await queue.get()
                 if isinstance(out, Exception):
                     raise out
                 if out.finished:
-                    live.discard(out.request_id)
+                    _count_down(live, out.request_id)
                 yield out
         finally:
             for request_id in live:
@@ -195,6 +206,13 @@ def load_tokenizer(model: str | Path, tokenizer: str | Path | None = None) -> To
     if (path / "tokenizer.json").is_file():
         return Tokenizer.from_dir(path)
     return None
+
+
+def _count_down(live: dict[str, int], request_id: str) -> None:
+    """One more sample of `request_id` finished; forget the request after its last."""
+    live[request_id] -= 1
+    if not live[request_id]:
+        del live[request_id]
 
 
 def _one_per_prompt(value: object, single: type, n: int, name: str, what: str) -> Sequence:

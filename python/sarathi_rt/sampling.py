@@ -11,6 +11,10 @@ SEED_LIMIT = 2**64  # seeds are mixed as 64-bit words: a larger one would alias 
 # 1e-38 overflows them to inf, and softmax of inf is NaN, which would pick garbage.
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20  # alternatives per token, OpenAI's top_logprobs limit
+# Samples per request: each is a sequence of its own (KV blocks past the shared prompt, a
+# decode row per step), so one request may not take over the batch.
+MAX_N = 16
+_MASK64 = (1 << 64) - 1
 
 
 def as_int(name: str, value: object) -> int:
@@ -22,6 +26,18 @@ def as_int(name: str, value: object) -> int:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request with `seed`: the seed itself for sample 0
+    (so n=1 draws as before), else a splitmix64 mix of (seed, index) in [0, 2**64). Sample
+    i of an n > 1 request draws exactly the tokens of a single request with this seed."""
+    if index == 0:
+        return seed
+    x = (seed + index * 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
 def _int(name: str, value: object, minimum: int, limit: int | None = None) -> int:
@@ -50,7 +66,9 @@ class SamplingParams:
     has no logits). Log probabilities are those of the model's raw logits, before
     temperature, top-k/top-p and any grammar mask (vLLM's default, "raw_logprobs"), so
     they do not change with the sampling settings. skip_special_tokens: leave special
-    tokens out of the text.
+    tokens out of the text. n: independent samples of the prompt (1..MAX_N=16), prefilled
+    once; sample i draws with seed sample_seed(seed, i), so it equals a single request
+    with that seed (sample 0 keeps `seed`).
     """
 
     max_tokens: int = 16
@@ -64,6 +82,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    n: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_tokens", _int("max_tokens", self.max_tokens, 1))
@@ -87,6 +106,7 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _int(name, getattr(self, name), 0, MAX_LOGPROBS + 1))
+        object.__setattr__(self, "n", _int("n", self.n, 1, MAX_N + 1))
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -16,12 +16,15 @@ from .outputs import RequestOutput
 class AsyncLLMEngine:
     """One background task steps the engine while requests are unfinished. The engine
     is touched only under an asyncio lock that each step holds, so add_request and abort
-    slip in between steps (the lock is fair) and never race a running step."""
+    slip in between steps (the lock is fair) and never race a running step. A request
+    with SamplingParams(n > 1) sends every sample's outputs (told apart by `index`) to
+    its queue; its stream ends after the last sample's finished output."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._lock = asyncio.Lock()
         self._queues: dict[Hashable, asyncio.Queue[RequestOutput | Exception]] = {}
+        self._running: dict[Hashable, int] = {}  # request id -> samples not finished
         self._task: asyncio.Task[None] | None = None
         self._aborts: set[asyncio.Task[bool]] = set()  # kept referenced until they run
 
@@ -35,6 +38,7 @@ class AsyncLLMEngine:
         async with self._lock:
             self.engine.add_request(request_id, prompt, params, qos=qos)
             self._queues[request_id] = queue
+            self._running[request_id] = 1 if params is None else params.n
         self._ensure_running()
         return queue
 
@@ -54,22 +58,26 @@ class AsyncLLMEngine:
         finished=True. Leaving the loop early aborts the request."""
         request_id = object() if request_id is None else request_id
         queue = await self.add_request(request_id, prompt, params, qos=qos)
-        async with contextlib.aclosing(self.outputs(request_id, queue)) as outputs:  # closed now, not at GC
+        async with contextlib.aclosing(self.outputs(request_id, queue, 1 if params is None else params.n)
+                                       ) as outputs:  # closed now, not at GC
             async for out in outputs:
                 yield out
 
-    async def outputs(self, request_id: Hashable, queue: asyncio.Queue[RequestOutput | Exception]
-                      ) -> AsyncIterator[RequestOutput]:
-        """The outputs that add_request sends to `queue`, up to the finished one. If the
-        consumer stops early the request is aborted, in a task of its own: this may run
+    async def outputs(self, request_id: Hashable, queue: asyncio.Queue[RequestOutput | Exception],
+                      num_samples: int = 1) -> AsyncIterator[RequestOutput]:
+        """The outputs that add_request sends to `queue`, up to the finished one of each
+        of the request's `num_samples` samples (SamplingParams.n). If the consumer stops
+        early the request (every sample) is aborted, in a task of its own: this may run
         inside a cancelled scope, where awaiting the engine's lock would be cancelled again."""
+        left = num_samples
         finished = False
         try:
             while not finished:
                 out = await queue.get()
                 if isinstance(out, Exception):
                     raise out
-                finished = out.finished
+                left -= out.finished
+                finished = not left
                 yield out
         finally:
             if not finished:
@@ -92,11 +100,14 @@ class AsyncLLMEngine:
                     for queue in self._queues.values():
                         queue.put_nowait(exc)
                     self._queues.clear()
+                    self._running.clear()
                     return
             for out in outputs:
                 queue = self._queues.get(out.request_id)
                 if queue is not None:
                     queue.put_nowait(out)
                     if out.finished:
-                        del self._queues[out.request_id]
+                        self._running[out.request_id] -= 1
+                        if not self._running[out.request_id]:
+                            del self._queues[out.request_id], self._running[out.request_id]
             await asyncio.sleep(0)

@@ -52,6 +52,17 @@ class KVCache:
         self.k = [torch.empty(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
         self.v = [torch.empty(dims, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy each (source, destination) block's K and V in every layer."""
+        ids = [i for pair in pairs for i in pair]
+        if not all(isinstance(i, int) and 0 <= i < self.num_blocks for i in ids):
+            raise ValueError(f"block_copies must hold block ids in [0, {self.num_blocks}), got {pairs}")
+        device = self.k[0].device
+        src = torch.tensor(ids[0::2], device=device)
+        dst = torch.tensor(ids[1::2], device=device)
+        for cache in (*self.k, *self.v):
+            cache.index_copy_(0, dst, cache.index_select(0, src))
+
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[index], self.v[index]
 

@@ -12,7 +12,7 @@ from typing import Hashable
 from sarathi_rt.measure.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeline_wait
 from sarathi_rt.models import resolve_config
 from sarathi_rt.utils.nvtx import nvtx_range
-from sarathi_rt.sampling import SamplingParams, as_int
+from sarathi_rt.sampling import SamplingParams, as_int, sample_seed
 from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, SchedulerConfig, create_scheduler
 from sarathi_rt.step_time.shape import StepShape
 from sarathi_rt.step_time.online import OnlineStepTimeModel
@@ -42,7 +42,14 @@ class LLMEngine:
     `steps_since(n)` returns the steps after the n-th.
 
     With a `tokenizer` each output carries its text, decoded incrementally, and requests
-    can stop at strings (SamplingParams.stop)."""
+    can stop at strings (SamplingParams.stop).
+
+    A request with SamplingParams(n > 1) is n samples: sample 0 is scheduled under the
+    request's id and prefilled alone; the step that completes its prompt draws every
+    sample's first token from the prompt's last logits row (sample i with seed
+    sample_seed(seed, i)), and the scheduler then forks samples 1..n-1 onto the prompt's
+    KV blocks (see Scheduler._fork). Each output carries its sample's `index`; `abort`
+    and `has_request` take the request's id and cover every sample."""
 
     METRICS_WINDOW = 65536
 
@@ -75,9 +82,11 @@ class LLMEngine:
         self.num_steps = 0
         # Each plan in flight keeps the SequenceState of every entry: a request aborted (and
         # its id reused) while the plan runs must not receive that plan's token.
-        self._in_flight: deque[tuple[BatchPlan, list[SequenceState], float]] = deque()
+        # The samples that draw a token (SequenceChunk.rows) ride along, in row order.
+        self._in_flight: deque[tuple[BatchPlan, list[SequenceState], list[SequenceState], float]] = deque()
         self._failure: BaseException | None = None
-        self._seqs: dict[Hashable, SequenceState] = {}
+        self._seqs: dict[Hashable, SequenceState] = {}  # live samples by scheduler id (SequenceState.key)
+        self._requests: dict[Hashable, list[SequenceState]] = {}  # request id -> its samples, by index
         self._aborted: list[RequestOutput] = []
         self._seed_rng = random.Random(config.seed)
 
@@ -92,7 +101,7 @@ class LLMEngine:
             hash(request_id)
         except TypeError:
             raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}") from None
-        if request_id in self._seqs:
+        if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
@@ -114,18 +123,26 @@ class LLMEngine:
             stops.update(self.model_config.eos_token_ids)
         max_new = min(params.max_tokens, self.max_model_len - len(tokens))
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-        metrics = RequestMetrics(arrival_time=float(arrival_time), num_prompt_tokens=len(tokens))
-        detokenizer = None if self.tokenizer is None else \
-            Detokenizer(self.tokenizer, tokens, params.skip_special_tokens, params.stop)
-        seq = SequenceState(request_id, tokens, params, seed, max_new, frozenset(stops), metrics,
-                            logprobs=None if params.logprobs is None else [], detokenizer=detokenizer,
-                            prompt_logprobs=None if params.prompt_logprobs is None else [None])
+        seqs = [self._sequence(request_id, i, tokens, params, sample_seed(seed, i), max_new, frozenset(stops),
+                               float(arrival_time)) for i in range(params.n)]
         # Prompt logprobs need every prompt position's logits: no cached prefix for them.
         cache_keys = tokens if params.prompt_logprobs is None else None
         self.scheduler.add_request(request_id, len(tokens), max_new, prompt_token_ids=cache_keys,  # last: it may refuse
-                                   qos=qos, arrival_time=metrics.arrival_time)
-        metrics.qos = self.scheduler.request_info(request_id).qos  # default_qos applied
-        self._seqs[request_id] = seq
+                                   qos=qos, arrival_time=float(arrival_time), sample_ids=[q.key for q in seqs[1:]])
+        qos = self.scheduler.request_info(request_id).qos  # default_qos applied
+        for seq in seqs:
+            seq.metrics.qos = qos
+            self._seqs[seq.key] = seq
+        self._requests[request_id] = seqs
+
+    def _sequence(self, request_id: Hashable, index: int, tokens: list[int], params: SamplingParams, seed: int,
+                  max_new: int, stops: frozenset[int], arrival_time: float) -> SequenceState:
+        metrics = RequestMetrics(arrival_time=arrival_time, num_prompt_tokens=len(tokens))
+        detokenizer = None if self.tokenizer is None else \
+            Detokenizer(self.tokenizer, tokens, params.skip_special_tokens, params.stop)
+        return SequenceState(request_id, tokens, params, seed, max_new, stops, metrics,
+                             logprobs=None if params.logprobs is None else [], detokenizer=detokenizer,
+                             prompt_logprobs=None if params.prompt_logprobs is None else [None], index=index)
 
     def _check_prompt(self, prompt: object) -> list[int]:
         if hasattr(prompt, "tolist"):  # a tensor or an array of ids
@@ -145,26 +162,32 @@ class LLMEngine:
         return tokens
 
     def abort(self, request_id: Hashable) -> None:
-        """Stop a request now; the next step() reports it with finish_reason "abort"."""
-        seq = self._seqs.pop(request_id, None)
-        if seq is None:
+        """Stop a request (every unfinished sample of it) now; the next step() reports
+        each with finish_reason "abort"."""
+        seqs = self._requests.pop(request_id, None)
+        if seqs is None:
             raise ValueError(f"request_id {request_id!r} is not running (unknown, finished or aborted)")
-        self.scheduler.abort(request_id)
-        self.scheduler.release(request_id)
-        seq.finish_reason = "abort"
-        seq.metrics.finish_time = time.perf_counter()
-        self._aborted.append(seq.to_output(0))
+        now = time.perf_counter()
+        for seq in seqs:
+            if self._seqs.pop(seq.key, None) is None:  # this sample already finished
+                continue
+            self.scheduler.abort(seq.key)  # False for a sample not forked yet
+            self.scheduler.release(seq.key)
+            seq.finish_reason = "abort"
+            seq.metrics.finish_time = now
+            self._aborted.append(seq.to_output(0))
 
     def has_request(self, request_id: Hashable) -> bool:
-        """True while the request is queued or running (not finished or aborted)."""
-        return request_id in self._seqs
+        """True while some sample of the request is queued or running."""
+        return request_id in self._requests
 
     def has_unfinished(self) -> bool:
         return bool(self._seqs) or bool(self._aborted) or bool(self._in_flight)
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._seqs)
+        """Requests with a sample queued or running."""
+        return len(self._requests)
 
     def steps_since(self, num_steps: int) -> list[StepMetrics]:
         """The metrics of the steps after the first `num_steps` (a past `self.num_steps`)."""
@@ -187,8 +210,8 @@ class LLMEngine:
                 while len(self._in_flight) < self.executor.pipeline_depth and self._submit_next():
                     pass
                 if self._in_flight:
-                    plan, seqs, start = self._in_flight.popleft()
-                    outputs += self._process(plan, seqs, self.executor.collect(), start)
+                    plan, seqs, rows, start = self._in_flight.popleft()
+                    outputs += self._process(plan, seqs, rows, self.executor.collect(), start)
         except Exception as exc:  # the plans in flight are lost: the engine cannot go on
             self._failure = exc
             raise
@@ -207,8 +230,9 @@ class LLMEngine:
             self.scheduler.update(plan)
             return False
         seqs = [self._seqs[e.request_id] for e in plan.entries]
-        self.executor.submit(self._step_input(plan, seqs, start))
-        self._in_flight.append((plan, seqs, start))
+        step, rows = self._step_input(plan, seqs, start)
+        self.executor.submit(step)
+        self._in_flight.append((plan, seqs, rows, start))
         return True
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
@@ -219,25 +243,35 @@ class LLMEngine:
         """Stop the executor's workers (idempotent); the engine cannot step afterwards."""
         self.executor.shutdown()
 
-    def _step_input(self, plan: BatchPlan, seqs: list[SequenceState], start: float) -> StepInput:
-        chunks = []
+    def _step_input(self, plan: BatchPlan, seqs: list[SequenceState], start: float
+                    ) -> tuple[StepInput, list[SequenceState]]:
+        """The step for the executor, and the samples its rows draw tokens for."""
+        chunks, rows = [], []
         for e, seq in zip(plan.entries, seqs):
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = start
                 seq.metrics.num_cached_tokens = e.start_pos  # what the prefix cache skipped
-            chunks.append(SequenceChunk(e.request_id, seq.tokens(e.start_pos, e.num_tokens), e.start_pos,
-                                        self.scheduler.block_table(e.request_id),
-                                        seq.row_sampling() if e.emits_token else None,
-                                        seq.prompt_targets(e.start_pos, e.num_tokens),
-                                        seq.params.prompt_logprobs or 0))
-        return StepInput(plan.step, chunks)
+            chunk = SequenceChunk(e.request_id, seq.tokens(e.start_pos, e.num_tokens), e.start_pos,
+                                  self.scheduler.block_table(e.request_id),
+                                  seq.row_sampling() if e.emits_token else None,
+                                  seq.prompt_targets(e.start_pos, e.num_tokens), seq.params.prompt_logprobs or 0)
+            chunks.append(chunk)
+            if e.emits_token:
+                rows.append(seq)
+                if seq.params.n > 1 and seq.index == 0 and not seq.output:  # the prompt is done: fork
+                    forks = self._requests[seq.request_id][1:]
+                    chunk.forks = [f.row_sampling() for f in forks]
+                    rows += forks
+                    for f in forks:
+                        f.metrics.first_scheduled_time = seq.metrics.first_scheduled_time
+                        f.metrics.num_cached_tokens = seq.metrics.num_cached_tokens
+        return StepInput(plan.step, chunks, plan.block_copies), rows
 
-    def _process(self, plan: BatchPlan, seqs: list[SequenceState], out: StepOutput,
+    def _process(self, plan: BatchPlan, seqs: list[SequenceState], rows: list[SequenceState], out: StepOutput,
                  start: float) -> list[RequestOutput]:
         now = time.perf_counter()
-        emitting = [(e, seq) for e, seq in zip(plan.entries, seqs) if e.emits_token]
-        if len(out.token_ids) != len(emitting):
-            raise RuntimeError(f"executor returned {len(out.token_ids)} tokens for {len(emitting)} rows")
+        if len(out.token_ids) != len(rows):
+            raise RuntimeError(f"executor returned {len(out.token_ids)} tokens for {len(rows)} rows")
         stopped, updated, sampled = [], [], {}
         self.stage_metrics.extend(out.stages)
         waited = pipeline_wait(out.stages)
@@ -247,22 +281,26 @@ class LLMEngine:
             if scored is not None and seq.finish_reason != "abort":
                 seq.add_prompt_logprobs(e.start_pos, scored)
         with nvtx_range("detokenize"):  # appending each token decodes its text and checks the stops
-            for (e, seq), token, logprob in zip(emitting, out.token_ids, out.logprobs):
+            for seq, token, logprob in zip(rows, out.token_ids, out.logprobs):
                 if seq.finish_reason == "abort":  # aborted while this step ran
                     continue
+                if seq.index and not seq.output and seq.prompt_logprobs is not None:  # forked: the prompt's scores
+                    seq.prompt_logprobs = list(self._requests[seq.request_id][0].prompt_logprobs or ())
                 seq.append(token, logprob, now)
                 updated.append(seq)
-                sampled[e.request_id] = token
+                sampled[seq.key] = token
                 if seq.finish_reason == "stop":
-                    stopped.append(e.request_id)
+                    stopped.append(seq.key)
         finished = set(self.scheduler.update(plan, stopped, sampled))  # sampled: keys generated blocks
         outputs = []
         for seq in updated:
-            if seq.request_id in finished:
+            if seq.key in finished:
                 seq.finish_reason = seq.finish_reason or "length"
                 seq.metrics.finish_time = now
-                del self._seqs[seq.request_id]
-                self.scheduler.release(seq.request_id)
+                del self._seqs[seq.key]
+                self.scheduler.release(seq.key)
+                if not any(q.key in self._seqs for q in self._requests[seq.request_id]):
+                    del self._requests[seq.request_id]
             outputs.append(seq.to_output(1))
         predicted = None
         if self.step_time_model is not None:  # predicted before it learns from this step

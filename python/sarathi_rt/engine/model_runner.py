@@ -110,6 +110,8 @@ class ModelRunner:
             seqlens_k.append(end)
             if c.sampling is not None:
                 logits_rows.append(total - 1)
+                if c.forks:  # every sample of the request draws from the prompt's last row
+                    logits_rows += [total - 1] * len(c.forks)
             tables += table
             if len(table) < width:
                 tables += [0] * (width - len(table))

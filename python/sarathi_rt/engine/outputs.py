@@ -74,7 +74,12 @@ class RequestOutput:
     which nothing predicts, then one per prompt token) when prompt_logprobs is. With a
     tokenizer, `text` is the text generated so far and `new_text` what this output adds
     to it (the stream's delta; it can be empty while a character or a possible stop
-    string is incomplete); without one both are None."""
+    string is incomplete); without one both are None.
+
+    With SamplingParams(n > 1) every sample reports on its own, under the request's id
+    with its `index` (0..n-1). LLM.generate and LLM.chat return one output per prompt:
+    sample 0's, whose `samples` holds all n final outputs by index; `outputs` is that
+    list, or just this output when n is 1 (vLLM's `for c in out.outputs` works either way)."""
 
     request_id: Hashable
     prompt_token_ids: list[int]
@@ -87,6 +92,13 @@ class RequestOutput:
     text: str | None = None
     new_text: str | None = None
     prompt_logprobs: Sequence[TokenLogprob | None] | None = None
+    index: int = 0
+    samples: tuple[RequestOutput, ...] = ()
+
+    @property
+    def outputs(self) -> tuple[RequestOutput, ...]:
+        """Every sample's output by index (LLM.generate / chat), or this one alone."""
+        return self.samples or (self,)
 
     @property
     def relegated(self) -> bool:

@@ -12,8 +12,19 @@ from .outputs import Prefix, RequestOutput, TokenLogprob
 from .step_io import RowSampling
 
 
+@dataclass(frozen=True, slots=True)
+class SampleKey:
+    """The scheduler's id of sample `index` >= 1 of a request (sample 0 is scheduled
+    under the request's own id): a class of its own, so no user id can equal it."""
+
+    request_id: Hashable
+    index: int
+
+
 @dataclass
 class SequenceState:
+    """One sample of a request (`index` of its n; `key`: its scheduler id)."""
+
     request_id: Hashable
     prompt: list[int]
     params: SamplingParams
@@ -27,6 +38,11 @@ class SequenceState:
     detokenizer: Detokenizer | None = None  # with a tokenizer: the text, the stop strings
     # With params.prompt_logprobs: None for the first prompt token, then those scored so far.
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    index: int = 0
+    key: Hashable = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = self.request_id if self.index == 0 else SampleKey(self.request_id, self.index)
 
     def tokens(self, start: int, n: int) -> list[int]:
         """Tokens start..start+n of prompt + output (a re-prefill after preemption
@@ -82,4 +98,4 @@ class SequenceState:
         return RequestOutput(self.request_id, self.prompt, out[len(out) - num_new:], Prefix(out),
                              self.finish_reason is not None, self.finish_reason, self.metrics,
                              None if self.logprobs is None else Prefix(self.logprobs), text, new_text,
-                             self.prompt_logprobs)
+                             self.prompt_logprobs, self.index)

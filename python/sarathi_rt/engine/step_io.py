@@ -41,7 +41,8 @@ class SequenceChunk:
     set when this chunk ends on a token to sample from (a finished prefill, a decode).
     `prompt_targets`: the prompt tokens at positions start_pos + 1.. whose log
     probabilities (with `prompt_top` alternatives) the step returns, one per position of
-    the chunk from its first."""
+    the chunk from its first. `forks`: the other samples (n > 1) of a chunk that completes
+    its prompt, each drawing its first token from the same logits row after `sampling`'s."""
 
     request_id: Hashable
     token_ids: list[int]
@@ -50,12 +51,22 @@ class SequenceChunk:
     sampling: RowSampling | None = None
     prompt_targets: list[int] | None = None
     prompt_top: int = 0
+    forks: list[RowSampling] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[RowSampling]:
+        """The rows this chunk samples: none, or `sampling` and its forks'."""
+        return [] if self.sampling is None else [self.sampling, *self.forks]
 
 
 @dataclass(slots=True)
 class StepInput:
+    """`block_copies`: (source, destination) KV blocks every worker copies, in its own
+    layers, before the step's forward (BatchPlan.block_copies)."""
+
     step: int
     chunks: list[SequenceChunk] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -64,7 +75,7 @@ class StepInput:
 
 @dataclass(slots=True)
 class StepOutput:
-    """One sampled token per chunk with `sampling`, in chunk order; `logprobs` holds the
+    """One sampled token per row of the chunks (SequenceChunk.rows), in chunk order; `logprobs` holds the
     sampled token's log probabilities for rows that asked for them (None elsewhere).
     `prompt_logprobs`: empty when no chunk had prompt_targets, else one entry per chunk
     (None for those without). `stages`: per pipeline stage timings, when the executor

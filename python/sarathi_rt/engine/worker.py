@@ -78,6 +78,8 @@ class Worker:
         other ranks hold no full logits)."""
         with nvtx_range("prepare"):
             input_ids, ctx = self.runner.prepare(step)
+            if step.block_copies:  # before the forward writes the copies' next tokens
+                self.kv_cache.copy_blocks(step.block_copies)
         with nvtx_range("forward"):
             hidden, residual = self.model(ctx, input_ids=input_ids if self.is_first else None,
                                           intermediate=intermediate)
@@ -89,7 +91,7 @@ class Worker:
         if logits is None:
             return None
         if not any(c.prompt_targets for c in step.chunks):
-            token_ids, logprobs = self.sampler(logits, [c.sampling for c in step.chunks if c.sampling is not None])
+            token_ids, logprobs = self.sampler(logits, _rows(step))
             return StepOutput(step.step, token_ids, logprobs)
         return self._with_prompt_logprobs(step, logits)
 
@@ -103,12 +105,11 @@ class Worker:
             count = len(c.prompt_targets or ())
             spans.append((row, count) if count else None)
             row += count
-            if c.sampling is not None:
+            for _ in c.rows:
                 sample_rows.append(row)
                 row += 1
         index = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
-        token_ids, logprobs = self.sampler(logits.index_select(0, index),
-                                           [c.sampling for c in step.chunks if c.sampling is not None])
+        token_ids, logprobs = self.sampler(logits.index_select(0, index), _rows(step))
         prompt: list[list[TokenLogprob] | None] = []
         for c, span in zip(step.chunks, spans):
             if span is None:
@@ -131,3 +132,11 @@ class Worker:
                                 device=self.config.device)
             intermediate = (zeros, zeros)
         self.execute(step, intermediate)
+
+
+def _rows(step: StepInput) -> list[RowSampling]:
+    """The rows the step samples, in logits order (a fork's samples after its chunk's own)."""
+    rows = [c.sampling for c in step.chunks if c.sampling is not None]
+    if any(c.forks for c in step.chunks):
+        rows = [r for c in step.chunks for r in c.rows]
+    return rows

@@ -63,6 +63,10 @@ class Scheduler(ABC):
         self._waiting: deque[Request] = deque()  # sorted by arrival (FCFS)
         self._running: dict[Hashable, Request] = {}  # admission order == arrival order
         self._pending: dict[int, list[Request]] = {}  # step -> requests of that plan
+        # Forks' (source, destination) blocks, for the next plan. A plan built later runs
+        # after the copy on every worker, so a source freed meanwhile (its request
+        # finished) can be reused by such a plan but is never written before it is copied.
+        self._copies: list[tuple[int, int]] = []
         self._arrivals = 0
         self._step = 0
         self._now = 0.0  # seconds, as of the latest schedule(): what QoS deadlines compare to
@@ -94,15 +98,20 @@ class Scheduler(ABC):
     # ------------------------------------------------------------- public API
     def add_request(self, request_id: Hashable, num_prompt_tokens: int, max_new_tokens: int, *,
                     prompt_token_ids: Sequence[int] | None = None, qos: str | None = None,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, sample_ids: Sequence[Hashable] = ()) -> None:
         """Queue a request. With prefix caching on, `prompt_token_ids` let it reuse the
         KV of a cached prompt prefix: its first PlanEntry then starts at the number of
         tokens it skipped (whole blocks, never the last prompt token). `qos` names its
         class in config.qos_classes (default: config.default_qos); its deadlines count
         from `arrival_time` (seconds on the clock `schedule(now=...)` reads; default
-        time.perf_counter())."""
+        time.perf_counter()). `sample_ids`: the ids of more samples of the same prompt
+        (n > 1), created by the update that completes its first prefill (see `_fork`);
+        that update's `stopped` and `token_ids` may name them."""
         if request_id in self._live:
             raise ValueError(f"request_id {request_id!r} is already scheduled")
+        sample_ids = tuple(sample_ids)
+        if len({request_id, *sample_ids}) != len(sample_ids) + 1 or any(s in self._live for s in sample_ids):
+            raise ValueError(f"sample_ids must be distinct ids, none scheduled nor {request_id!r}")
         qos, qos_class = class_of(self.config.qos_classes, self.config.default_qos, qos)
         if arrival_time is None:
             arrival_time = time.perf_counter()
@@ -118,7 +127,7 @@ class Scheduler(ABC):
         self._done.pop(request_id, None)
         req = Request(request_id, num_prompt_tokens, max_new_tokens, self._arrivals,
                       prefill_target=num_prompt_tokens, block_keys=keys, key_tail=tail, arrival_step=self._step,
-                      qos=qos, qos_class=qos_class, arrival_time=float(arrival_time))
+                      qos=qos, qos_class=qos_class, arrival_time=float(arrival_time), samples=sample_ids)
         self._arrivals += 1
         self._live[request_id] = req
         self._waiting.append(req)
@@ -139,6 +148,7 @@ class Scheduler(ABC):
             self._preempt(next(reversed(self._running.values())), b)
             self._build(b)
         plan = b.plan
+        plan.block_copies, self._copies = self._copies, []
         tile = self.config.tile_size
         if tile:
             plan.tile_padding = -plan.num_tokens % tile
@@ -159,14 +169,16 @@ class Scheduler(ABC):
         if isinstance(stopped, (str, bytes)) or not isinstance(stopped, Collection):
             # a str is a collection of its characters: "a" would stop request "a" by luck
             raise TypeError(f"stopped must be a collection of request ids, got {stopped!r}")
+        sampled = {e.request_id for e in plan.entries if e.emits_token}
+        sampled.update(s for req, e in zip(reqs, plan.entries) if e.emits_token for s in req.samples)
         if stopped:
             stopped = set(stopped)
-            bad = stopped - {e.request_id for e in plan.entries if e.emits_token}
+            bad = stopped - sampled
             if bad:
                 raise ValueError(f"stopped names requests that sampled no token in this "
                                  f"plan: {sorted(map(repr, bad))}")
         if token_ids:
-            bad = set(token_ids) - {e.request_id for e in plan.entries if e.emits_token}
+            bad = set(token_ids) - sampled
             if bad:
                 raise ValueError(f"token_ids names requests that sampled no token in this "
                                  f"plan: {sorted(map(repr, bad))}")
@@ -188,10 +200,55 @@ class Scheduler(ABC):
                 req.num_generated += 1
                 if req.key_tail is not None:
                     self._key_generated(req, None if token_ids is None else token_ids.get(req.request_id))
+                if req.samples:  # before the parent may retire and free the prompt's blocks
+                    finished += self._fork(req, stopped)
                 if req.num_generated >= req.max_new_tokens or \
                         (stopped and req.request_id in stopped):
                     self._retire(req, RequestStatus.FINISHED)
                     finished.append(req.request_id)
+        return finished
+
+    def _fork(self, parent: Request, stopped: Collection[Hashable]) -> list[Hashable]:
+        """Create `parent`'s other samples: its prompt's KV is computed and each sample
+        has drawn its first token from the prompt's last logits (the engine sampled them
+        in the same step). A sample shares the prompt's full blocks (one more reference
+        each) and owns a copy of the partly filled last one (plan.block_copies). One that
+        finds no room (max_num_seqs reached, or no free block for the copy) waits at the
+        front of the queue like a preempted request and re-prefills the prompt and its
+        first token: its tokens are the same, only that prefill is paid again. Returns
+        the samples that finished with their first token."""
+        bs = self.config.block_size
+        prompt = parent.num_prompt_tokens
+        full, partial = divmod(prompt, bs)
+        keys = parent.block_keys[:full]  # the prompt's, not the keys of generated tokens
+        room = self.config.max_num_seqs - len(self._running)
+        finished, deferred = [], []
+        for sample_id in parent.samples:
+            child = Request(sample_id, prompt, parent.max_new_tokens, parent.arrival, prefill_target=prompt,
+                            num_computed=prompt, num_generated=1, first_scheduled_step=parent.first_scheduled_step,
+                            block_keys=list(keys), num_keyed=len(keys), arrival_step=parent.arrival_step,
+                            qos=parent.qos, qos_class=parent.qos_class, arrival_time=parent.arrival_time,
+                            relegated=parent.relegated)
+            if child.num_generated >= child.max_new_tokens or sample_id in stopped:
+                child.status = RequestStatus.FINISHED
+                self._done[sample_id] = child
+                finished.append(sample_id)
+                continue
+            self._live[sample_id] = child
+            if room > 0 and (not partial or self._blocks.num_free > 0):
+                child.status = RUNNING
+                child.blocks = self._blocks.share(parent.blocks[:full])
+                if partial:
+                    child.blocks += self._blocks.take(1)
+                    self._copies.append((parent.blocks[full], child.blocks[full]))
+                self._running[sample_id] = child
+                room -= 1
+            else:
+                child.num_computed = child.num_keyed = 0
+                child.prefill_target = prompt + 1
+                deferred.append(child)
+        self._waiting.extendleft(reversed(deferred))
+        parent.samples = ()
         return finished
 
     def _prompt_keys(self, num_prompt_tokens: int, prompt_token_ids: Sequence[int] | None

@@ -24,7 +24,10 @@ class BatchPlan:
     """One step. `preempted` lists requests whose KV blocks were freed while this plan
     was built: the engine must drop their cached state; they re-prefill later.
     `relegated` lists requests found, while this plan was built, unable to make their
-    first-token deadline (QoS): they are served after the others from now on."""
+    first-token deadline (QoS): they are served after the others from now on.
+    `block_copies` lists (source, destination) KV blocks to copy before the step runs:
+    the partly filled last prompt block of a request whose samples (n > 1) were just
+    forked, one copy per sample that writes its own tokens after the prompt."""
 
     step: int
     entries: list[PlanEntry] = field(default_factory=list)
@@ -33,6 +36,7 @@ class BatchPlan:
     tile_padding: int = 0
     preempted: list[Hashable] = field(default_factory=list)
     relegated: list[Hashable] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -66,6 +66,13 @@ class BlockManager:
                     self._evictions += 1
         return ids
 
+    def share(self, blocks: list[int]) -> list[int]:
+        """A reference on each of `blocks` (in use by another request) for one more
+        owner; returns a new list of them."""
+        if blocks:
+            self._alloc.incref(blocks)
+        return list(blocks)
+
     def release(self, blocks: list[int]) -> None:
         if blocks:
             # Tail first: at equal age the LRU list then evicts a request's last blocks

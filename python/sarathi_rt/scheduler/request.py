@@ -50,6 +50,9 @@ class Request:
     qos_class: QoSClass | None = None
     arrival_time: float = 0.0
     relegated: bool = False
+    # n > 1: the ids of the request's other samples, created (Scheduler._fork) when its
+    # first prefill completes; empty afterwards.
+    samples: tuple[Hashable, ...] = ()
 
     def next_deadline(self) -> float:
         """When the request's next token is due (inf without a class)."""
