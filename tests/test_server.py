@@ -131,7 +131,7 @@ def test_a_client_leaving_mid_stream_frees_its_blocks(served, client: openai.Ope
     assert not server.llm.engine.has_unfinished()
 
 
-@pytest.mark.parametrize("bad", [{"n": 2}, {"temperature": -1}, {"prompt": [10 ** 6]}, {"prompt": ""},
+@pytest.mark.parametrize("bad", [{"n": 17}, {"temperature": -1}, {"prompt": [10 ** 6]}, {"prompt": ""},
                                  {"stop": [""]}, {"max_tokens": 0}, {"top_p": 0}, {"logprobs": 21},
                                  {"prompt": list(range(3, 1100))}])
 def test_bad_requests_get_400_and_the_server_keeps_serving(served, client: openai.OpenAI, bad: dict) -> None:

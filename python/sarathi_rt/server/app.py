@@ -2,7 +2,9 @@
 /v1/chat/completions (whole responses, or server-sent events ending in `data: [DONE]`),
 /v1/models, /health and /metrics.
 
-Every request owns one engine request. It is aborted, and its KV blocks freed, as soon as
+Every request owns one engine request (with `n` > 1, n samples of it, prefilled once, each
+a choice with its `index`; streamed chunks carry their choice's index and usage counts
+every choice's tokens). It is aborted, every sample of it, and its KV blocks freed, as soon as
 its client goes away: a closed stream, or a disconnect while a whole response is being
 generated. Bad input is answered with HTTP 400 (413 for a body over the limit) and an
 OpenAI-style error body, as is every other error; when more than `max_waiting` requests
@@ -236,27 +238,28 @@ class OpenAIServer:
     async def _respond(self, body: SamplingRequest, request_id: str,
                        queue: asyncio.Queue[RequestOutput | Exception], num_prompt_tokens: int, request: Request,
                        chat: bool) -> Any:
-        outputs = self._outputs(request_id, queue)
+        outputs = self._outputs(request_id, queue, body.n)
         if body.stream:
             return StreamingResponse(self._events(request_id, outputs, chat, body.include_usage, self._tier(body)),
                                      media_type="text/event-stream")
         watcher = asyncio.create_task(self._abort_on_disconnect(request, request_id))
+        finals: dict[int, RequestOutput] = {}  # each sample's finished output
         try:
-            last = None
-            async for last in outputs:
-                pass
+            async for out in outputs:
+                if out.finished:
+                    finals[out.index] = out
         except ShuttingDown:
             raise ApiError(503, "the server is shutting down", kind="server_shutting_down") from None
         finally:
             watcher.cancel()
-        assert last is not None
-        if last.finish_reason == "abort":
+        if any(out.finish_reason == "abort" for out in finals.values()):
             raise ApiError(499, "the request was aborted", kind="aborted")
-        response = completion_body(request_id, self.model_name, chat, last.text, last.finish_reason, stream=False,
-                                   token_ids=self._ids_without_text(last.token_ids),
-                                   logprobs=self._logprobs(chat, last, len(last.token_ids), 0),
-                                   service_tier=self._tier(body))
-        return response | {"usage": usage(num_prompt_tokens, len(last.token_ids))}
+        choices = [completion_body(request_id, self.model_name, chat, out.text, out.finish_reason, stream=False,
+                                   token_ids=self._ids_without_text(out.token_ids),
+                                   logprobs=self._logprobs(chat, out, len(out.token_ids), 0), index=index,
+                                   service_tier=self._tier(body)) for index, out in sorted(finals.items())]
+        response = choices[0] | {"choices": [c for one in choices for c in one["choices"]]}
+        return response | {"usage": usage(num_prompt_tokens, sum(len(out.token_ids) for out in finals.values()))}
 
     def _ids_without_text(self, ids: Any) -> list[int] | None:
         return list(ids) if self.llm.tokenizer is None else None
@@ -293,37 +296,39 @@ class OpenAIServer:
         log.info("sarathi-rt serve: drained %d running requests: %d finished, %d cut after %gs",
                  running, running - cut, cut, timeout)
 
-    async def _outputs(self, request_id: str, queue: asyncio.Queue[RequestOutput | Exception]
+    async def _outputs(self, request_id: str, queue: asyncio.Queue[RequestOutput | Exception], num_samples: int
                        ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs, counted by how they end; if the consumer stops early,
-        the engine aborts the request."""
-        finished = False
+        """The request's outputs (every sample's), each sample counted by how it ends; if
+        the consumer stops early, the engine aborts the request."""
+        left = num_samples
         try:
-            async with contextlib.aclosing(self.engine.outputs(request_id, queue)) as outputs:  # abort now
+            async with contextlib.aclosing(self.engine.outputs(request_id, queue, num_samples)) as outputs:  # abort now
                 async for out in outputs:
-                    finished = out.finished
-                    if finished:
+                    if out.finished:
+                        left -= 1
                         self.stats.finished(out.finish_reason or "abort", out.metrics)
                     yield out
         finally:
             self._live.pop(request_id, None)
-            if not finished:
-                self.stats.requests["abort"] += 1
+            self.stats.requests["abort"] += left
 
     async def _events(self, request_id: str, outputs: AsyncIterator[RequestOutput], chat: bool,
                       include_usage: bool, tier: str) -> AsyncIterator[str]:
-        """One server-sent event per generated token (its text may be empty while a
-        character or a possible stop string is incomplete), then usage and [DONE]."""
+        """One server-sent event per generated token of each choice (its text may be empty
+        while a character or a possible stop string is incomplete), then usage and [DONE]."""
         last = None
-        text_offset = 0
+        text_offsets: dict[int, int] = {}  # per choice: its text so far, in characters
+        completion_tokens: dict[int, int] = {}
         try:
             async for out in outputs:
+                text_offset = text_offsets.get(out.index, 0)
                 chunk = completion_body(request_id, self.model_name, chat, out.new_text,
-                                        out.finish_reason, stream=True, role=chat and last is None,
+                                        out.finish_reason, stream=True, role=chat and out.index not in text_offsets,
                                         token_ids=self._ids_without_text(out.new_token_ids),
                                         logprobs=self._logprobs(chat, out, len(out.new_token_ids), text_offset),
-                                        service_tier=tier)
-                text_offset += len(out.new_text or "")
+                                        index=out.index, service_tier=tier)
+                text_offsets[out.index] = text_offset + len(out.new_text or "")
+                completion_tokens[out.index] = len(out.token_ids)
                 last = out
                 yield f"data: {json.dumps(chunk)}\n\n"
         except ShuttingDown as exc:
@@ -336,7 +341,8 @@ class OpenAIServer:
         if include_usage and last is not None:
             chunk = completion_body(request_id, self.model_name, chat, None, None, stream=True)
             chunk["choices"] = []
-            yield f"data: {json.dumps(chunk | {'usage': usage(len(last.prompt_token_ids), len(last.token_ids))})}\n\n"
+            counts = usage(len(last.prompt_token_ids), sum(completion_tokens.values()))
+            yield f"data: {json.dumps(chunk | {'usage': counts})}\n\n"
         yield "data: [DONE]\n\n"
 
     async def _abort_on_disconnect(self, request: Request, request_id: str) -> None:

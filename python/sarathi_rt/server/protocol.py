@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from sarathi_rt.engine.outputs import TokenLogprob
-from sarathi_rt.sampling import MAX_LOGPROBS, SamplingParams
+from sarathi_rt.sampling import MAX_LOGPROBS, MAX_N, SamplingParams
 
 # Fields of OpenAI's API (or vLLM's extensions) that would change what is generated or
 # returned, which this engine cannot honour yet: a 400 names them instead of a 200 that
@@ -72,7 +72,7 @@ class SamplingRequest(Strict):
     top_k: Optional[int] = Field(default=None, ge=1)
     seed: Optional[int] = Field(default=None, ge=0)
     stop: Union[str, list[str], None] = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)  # choices, prefilled once (SamplingParams.n)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     ignore_eos: bool = False
@@ -85,8 +85,6 @@ class SamplingRequest(Strict):
 
     @model_validator(mode="after")
     def _supported(self) -> SamplingRequest:
-        if self.n != 1:
-            raise ValueError("n must be 1 (one choice per request)")
         if self.presence_penalty or self.frequency_penalty or self.logit_bias:
             raise ValueError("presence_penalty, frequency_penalty and logit_bias are not supported")
         if self.stream_options is not None and not self.stream:
@@ -101,7 +99,7 @@ class SamplingRequest(Strict):
         stop = self.stops
         return SamplingParams(max_tokens=self.max_tokens or max_tokens, temperature=self.temperature,
                               top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=tuple(stop),
-                              ignore_eos=self.ignore_eos, logprobs=self.num_logprobs)
+                              ignore_eos=self.ignore_eos, logprobs=self.num_logprobs, n=self.n)
 
     @property
     def num_logprobs(self) -> int | None:
