@@ -102,6 +102,21 @@ def test_parallel_greedy_matches_one_process(checkpoint, prompts, reference, tp:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("tp,pp,temperature", [(1, 2, 1.0), (2, 2, 0.0)])
+def test_n_samples_fork_on_every_worker(checkpoint, prompts, tp: int, pp: int, temperature: float) -> None:
+    """n > 1: every worker copies the forked samples' partial prompt blocks in its own
+    layers (with plans in flight under pipelining); the samples equal one process's."""
+    params = SamplingParams(n=3, temperature=temperature, seed=4, max_tokens=7, ignore_eos=True)
+    with LLM(checkpoint, **ENGINE) as llm:
+        want = [[list(c.token_ids) for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
+    with LLM(checkpoint, tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE) as llm:
+        got = [[list(c.token_ids) for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.engine.scheduler.num_free_blocks == ENGINE["num_kv_blocks"]
+    assert got == want
+    assert temperature or all(s == samples[0] for samples in got for s in samples)
+
+
+@pytest.mark.slow
 def test_killed_worker_fails_fast_and_cleans_up(checkpoint, prompts) -> None:
     llm = LLM(checkpoint, tensor_parallel_size=2, **ENGINE)
     pids = llm.engine.executor.pids

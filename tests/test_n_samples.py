@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from sarathi_rt import LLM, SamplingParams
-from sarathi_rt.engine import AsyncLLMEngine
+from sarathi_rt.engine import AsyncLLMEngine, RequestOutput
 from sarathi_rt.engine.sequence import SampleKey
 from sarathi_rt.sampling import MAX_N, sample_seed
 from sarathi_rt.scheduler import SchedulerConfig, create_scheduler
@@ -30,6 +30,11 @@ def _single(llm: LLM, prompt: list[int], seed: int, **kw: object) -> list[int]:
     return list(llm.generate([prompt], _params(1, seed, **kw), use_tqdm=False)[0].token_ids)
 
 
+def _logprobs(out: RequestOutput) -> list[float]:
+    assert out.logprobs is not None
+    return [x.logprob for x in out.logprobs]
+
+
 def _all_free(llm: LLM) -> bool:
     return llm.engine.scheduler.num_free_blocks == llm.engine.scheduler_config.num_blocks
 
@@ -42,7 +47,7 @@ def _all_free(llm: LLM) -> bool:
     ids=["whole", "chunked", "prefix_cache", "few_seqs", "few_seqs_cached", "few_blocks"])
 def test_sample_i_equals_a_single_request_with_the_derived_seed(options: dict, recomputed: bool) -> None:
     llm = _llm(**options)
-    outs = llm.generate(PROMPTS, _params(4), use_tqdm=False)
+    outs = llm.generate(PROMPTS, _params(4, logprobs=1), use_tqdm=False)
     prefilled = sum(m.num_prefill_tokens for m in llm.engine.step_metrics)
     assert (prefilled > sum(map(len, PROMPTS))) == recomputed
     if recomputed and options.get("enable_prefix_caching"):  # re-prefills start after the cached prompt blocks
@@ -52,9 +57,14 @@ def test_sample_i_equals_a_single_request_with_the_derived_seed(options: dict, r
     ref = _llm()
     for prompt, out in zip(PROMPTS, outs):
         assert [c.index for c in out.outputs] == [0, 1, 2, 3] and out.outputs[0] is out
+        singles = [ref.generate([prompt], _params(1, sample_seed(5, i), logprobs=1), use_tqdm=False)[0]
+                   for i in range(4)]
         got = [list(c.token_ids) for c in out.outputs]
-        assert got == [_single(ref, prompt, sample_seed(5, i)) for i in range(4)]
+        assert got == [list(s.token_ids) for s in singles]
         assert len({tuple(g) for g in got}) == 4  # distinct streams
+        # The raw logits' log probabilities read every KV entry: a wrong shared or copied block shows.
+        for c, s in zip(out.outputs, singles):
+            assert _logprobs(c) == pytest.approx(_logprobs(s), abs=1e-5)
         assert all(c.finish_reason == "length" and c.request_id == out.request_id for c in out.outputs)
     assert _all_free(llm) and not llm.engine.has_unfinished()
 
