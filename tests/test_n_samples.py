@@ -4,6 +4,7 @@ memory pressure (forked, deferred and recomputed, or preempted); abort frees eve
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -67,6 +68,20 @@ def test_sample_i_equals_a_single_request_with_the_derived_seed(options: dict, r
             assert _logprobs(c) == pytest.approx(_logprobs(s), abs=1e-5)
         assert all(c.finish_reason == "length" and c.request_id == out.request_id for c in out.outputs)
     assert _all_free(llm) and not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "vllm", "orca", "request_level", "decode_maximal"])
+def test_every_policy_forks_the_same_samples(policy: str) -> None:
+    ref = _llm()
+    for options in ({}, {"num_kv_blocks": 8}):
+        llm = _llm(policy=policy, token_budget=64, **options)
+        outs = llm.generate(PROMPTS, _params(3, logprobs=1), use_tqdm=False)
+        for prompt, out in zip(PROMPTS, outs):
+            for i, c in enumerate(out.outputs):
+                single = ref.generate([prompt], _params(1, sample_seed(5, i), logprobs=1), use_tqdm=False)[0]
+                assert list(c.token_ids) == list(single.token_ids)
+                assert _logprobs(c) == pytest.approx(_logprobs(single), abs=1e-5)
+        assert _all_free(llm)
 
 
 def test_sample_0_keeps_the_seed_and_the_derivation_is_spread() -> None:
@@ -211,3 +226,43 @@ def test_scheduler_forks_without_torch_and_checks_sample_ids() -> None:
     assert a[:2] == b[:2] and plan.block_copies == [(a[2], b[2])]
     scheduler.update(plan)
     assert scheduler.schedule(0.0).block_copies == []
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "vllm", "orca", "request_level", "decode_maximal"])
+def test_forks_keep_every_refcount_exact_under_random_load(policy: str) -> None:
+    """Random prompts (a small vocabulary, so prefix-cache hits), n, stops, aborts and a
+    small cache: after every step each block's refcount is the number of live requests
+    holding it, and at the end every block is free."""
+    rng = random.Random(policy)
+    for trial in range(12):
+        config = SchedulerConfig(policy=policy, token_budget=64, num_blocks=rng.randint(8, 30), block_size=4,
+                                 max_num_seqs=rng.randint(2, 8), enable_prefix_caching=trial % 2 == 0)
+        scheduler = create_scheduler(config)
+        forks: dict[str, list[str]] = {}
+        groups: dict[str, list[str]] = {}
+        for step in range(150):
+            if step < 100 and rng.random() < 0.3:
+                rid = f"r{step}"
+                prompt = [rng.randrange(3) for _ in range(rng.randint(1, 18))]
+                samples = [f"{rid}.{i}" for i in range(1, rng.randint(1, 4))]
+                scheduler.add_request(rid, len(prompt), rng.randint(1, 6), prompt_token_ids=prompt,
+                                      sample_ids=samples)
+                forks[rid], groups[rid] = samples, [rid, *samples]
+            plan = scheduler.schedule(0.0)
+            sampled = [e.request_id for e in plan.entries if e.emits_token]
+            sampled += [s for rid in sampled for s in forks.pop(rid, [])]
+            scheduler.update(plan, [r for r in sampled if rng.random() < 0.1], {r: rng.randrange(3) for r in sampled})
+            if rng.random() < 0.05 and groups:
+                for rid in groups.pop(rng.choice(sorted(groups))):
+                    scheduler.abort(rid)
+            held: dict[int, int] = {}
+            for req in scheduler._live.values():
+                for block in req.blocks:
+                    held[block] = held.get(block, 0) + 1
+            assert all(scheduler._blocks.refcount(b) == held.get(b, 0) for b in range(config.num_blocks))
+        while scheduler.has_unfinished():
+            plan = scheduler.schedule(0.0)
+            sampled = [e.request_id for e in plan.entries if e.emits_token]
+            sampled += [s for rid in sampled for s in forks.pop(rid, [])]
+            scheduler.update(plan, (), {r: 0 for r in sampled})
+        assert scheduler.num_free_blocks == config.num_blocks

@@ -169,8 +169,9 @@ class Scheduler(ABC):
         if isinstance(stopped, (str, bytes)) or not isinstance(stopped, Collection):
             # a str is a collection of its characters: "a" would stop request "a" by luck
             raise TypeError(f"stopped must be a collection of request ids, got {stopped!r}")
-        sampled = {e.request_id for e in plan.entries if e.emits_token}
-        sampled.update(s for req, e in zip(reqs, plan.entries) if e.emits_token for s in req.samples)
+        if stopped or token_ids:  # the requests that sampled, with the samples a fork creates
+            sampled = {e.request_id for e in plan.entries if e.emits_token}
+            sampled.update(s for req, e in zip(reqs, plan.entries) if e.emits_token for s in req.samples)
         if stopped:
             stopped = set(stopped)
             bad = stopped - sampled
