@@ -118,3 +118,13 @@ def test_leaving_an_n_stream_aborts_every_sample(served, client: openai.OpenAI) 
         assert server.llm.engine.has_unfinished() and server.llm.engine.scheduler.num_running == 4
         stream.close()
         assert _idle(server)
+
+
+def test_leaving_a_whole_n_response_aborts_every_sample(served, client: openai.OpenAI) -> None:
+    server, _ = served
+    aborted = server.stats.requests["abort"]
+    with pytest.raises(openai.APITimeoutError):  # the client gives up and closes its connection
+        client.with_options(timeout=0.5).completions.create(model="tiny", prompt="hello world", max_tokens=900, n=4,
+                                                            temperature=0.0, extra_body={"ignore_eos": True})
+    assert _idle(server)
+    assert server.stats.requests["abort"] - aborted == 4  # every sample, long before its 900 tokens
