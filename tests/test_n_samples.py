@@ -117,9 +117,10 @@ def test_the_prompt_is_prefilled_once_and_its_blocks_shared() -> None:
     assert _all_free(llm)
 
 
-def test_greedy_samples_are_identical() -> None:
-    out = _llm().generate([PROMPTS[1]], SamplingParams(n=3, max_tokens=6, temperature=0.0, ignore_eos=True),
-                          use_tqdm=False)[0]
+def test_greedy_samples_are_identical_and_n_is_per_prompt() -> None:
+    greedy = [SamplingParams(n=n, max_tokens=6, temperature=0.0, ignore_eos=True) for n in (1, 3)]
+    single, out = _llm().generate(PROMPTS[::-1], greedy, use_tqdm=False)
+    assert single.samples == () and single.outputs == (single,)  # n=1: as before
     assert len(out.outputs) == 3
     assert all(list(c.token_ids) == list(out.token_ids) for c in out.outputs)
 
