@@ -11,7 +11,15 @@ still `--budget-rule slo-static`). One sweep, one bisection tolerance and one re
 count for every cell. The table is sorted worst cell first (default / best static), and
 the worst cell is printed before it.
 
+With `--static-from capacity.json` (a previous run's output with the same sweep, request
+count, tolerance, probes and cells) the static capacities come from that run and only the
+default rule is searched, plus each cell's best static budget again: the static policies
+never read the adaptive rule, so a change to that rule needs only its own column, and the
+rerun best static must reproduce the file's figure exactly (else the run stops: the static
+policies changed and the whole grid must be rerun).
+
     python bench/bench_adaptive_budget.py [--jobs 2] [--num-requests 200] [--out bench_out/adaptive_budget]
+    python bench/bench_adaptive_budget.py --static-from bench/results/adaptive_budget_capacity.json
     python bench/bench_adaptive_budget.py --smoke
 """
 from __future__ import annotations
@@ -77,10 +85,29 @@ def bracket(result: CapacityResult) -> list[float | None]:
     return [result.max_qps, min(failed, default=None)]
 
 
+def best_budget(brackets: dict[str, list], sweep: list[int]) -> int:
+    return max(sweep, key=lambda b: brackets[str(b)][0])
+
+
+def reused_statics(path: str, search: dict, cells: list[tuple]) -> dict[tuple, dict[str, list]]:
+    """Each cell's capacity brackets from a previous run's capacity.json, which must have
+    been searched exactly as this run would (sweep, requests, tolerance, probes, cells)."""
+    with open(path) as f:
+        saved = json.load(f)
+    for key, value in search.items():
+        if saved.get(key) != value:
+            raise SystemExit(f"--static-from {path}: {key} is {saved.get(key)!r}, this run's is {value!r}")
+    previous = {(c["profile"], c["hardware"], c["trace"], c["slo"], c["seed"]): c["brackets"] for c in saved["cells"]}
+    missing = [cell for cell in cells if cell not in previous]
+    if missing:
+        raise SystemExit(f"--static-from {path}: no cell {' '.join(map(str, missing[0]))} ({len(missing)} missing)")
+    return previous
+
+
 def summarize(cell: tuple, found: dict[str, list], sweep: list[int]) -> dict:
     profile, hardware, trace, slo, seed = cell
     static = {b: found[str(b)][0] for b in sweep}
-    best = max(static, key=lambda b: static[b])
+    best = best_budget(found, sweep)
     ratio = found["default"][0] / static[best] if static[best] else float("nan")
     return dict(profile=profile, hardware=hardware, trace=trace, slo=slo, seed=seed, static=static,
                 best_budget=best, best_static=static[best], default=found["default"][0],
@@ -106,6 +133,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="capacity searches in parallel")
     p.add_argument("--out", default="bench_out/adaptive_budget")
     p.add_argument("--smoke", action="store_true", help="one small cell, two budgets: the same code path in seconds")
+    p.add_argument("--static-from", help="reuse the static capacities of this capacity.json (see above)")
     args = p.parse_args()
     profiles, hardware, traces, slos = shipped_profiles(), sorted(HARDWARE), list(BUILTIN_TRACES), list(SLO_FACTORS)
     sweep, seeds = list(SWEEP), [int(s) for s in args.seeds.split(",")]
@@ -115,11 +143,22 @@ def main() -> None:
     search = dict(num_requests=args.num_requests, rel_tol=args.rel_tol, max_probes=args.max_probes)
     cells = list(itertools.product(profiles, hardware, traces, slos, seeds))
     rules = [str(b) for b in sweep] + ["default", "slo-static"]
-    tasks = [(cell, rule, search) for cell in cells for rule in rules]
-    start = time.perf_counter()
     found: dict[tuple, dict[str, list]] = {cell: {} for cell in cells}
+    if args.static_from:
+        previous = reused_statics(args.static_from, dict(sweep=sweep, **search), cells)
+        tasks = []
+        for cell in cells:
+            best = str(best_budget(previous[cell], sweep))
+            found[cell] = {r: b for r, b in previous[cell].items() if r not in ("default", best)}
+            tasks += [(cell, "default", search), (cell, best, search)]
+    else:
+        tasks = [(cell, rule, search) for cell in cells for rule in rules]
+    start = time.perf_counter()
     with multiprocessing.Pool(args.jobs) as pool:
         for i, (cell, rule, result) in enumerate(pool.imap_unordered(capacity, tasks), 1):
+            if args.static_from and rule != "default" and result != previous[cell][rule]:
+                raise SystemExit(f"{' '.join(map(str, cell))}: static {rule} now gives {result}, the file "
+                                 f"{previous[cell][rule]}: the static policies changed, rerun the whole grid")
             found[cell][rule] = result
             if len(found[cell]) == len(rules):
                 r = summarize(cell, found[cell], sweep)
@@ -134,7 +173,7 @@ def main() -> None:
     print(f"worst cell: {worst['profile']} {worst['hardware']} {worst['trace']} {worst['slo']} seed {worst['seed']}: "
           f"default {worst['default']:.3f} QPS = {worst['ratio']:.3f}x the best static ({worst['best_static']:.3f} "
           f"at {worst['best_budget']}); {sum(r['ratio'] >= 0.97 for r in rows)} of {len(rows)} cells >= 0.97x "
-          f"({time.perf_counter() - start:.0f} s, {len(cells)} cells x {len(rules)} searches)")
+          f"({time.perf_counter() - start:.0f} s, {len(cells)} cells, {len(tasks)} searches)")
     print(table(rows, args.rel_tol))
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from sarathi_rt.measure.metrics import percentile
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler.policies.sarathi import MAX_DECODE_HEADROOM_STEPS
 from sarathi_rt.step_time.shape import MAX_RATE_PROBES, StepShape, adaptive_prefill_tokens, predict
 from sarathi_rt.sim import (A100, H100, H200, LinearCostModel, PipelineLatency, VidurCostModel, get_hardware,
                             infer_hardware, simulate)
@@ -245,6 +246,32 @@ def test_adaptive_budget_paces_prefill_to_arrivals_while_the_cache_binds() -> No
     plans, preempted = _run(scheduler(40))
     assert [p.num_prefill_tokens for p in plans[:2]] == [64, 22]
     assert preempted == [] and sum(p.num_prefill_tokens for p in plans) == 128
+
+
+def test_adaptive_budget_caps_one_prompts_chunk_while_the_cache_binds() -> None:
+    """While the cache binds, one prompt's chunk is at most the larger of the chunk that
+    prefills fastest alone (256 on the decode-overhead model) and the recent arrival rate
+    (prompt tokens of the last MAX_DECODE_HEADROOM_STEPS steps per step, tile-aligned).
+    Two 1000-token prompts that just arrived pace at their whole length, but arrive at
+    32 tokens a step: 256 (less the decode's token, for the tile). Forty arrive at 625 a
+    step: 640. With room for all, no cap: the prefill sets the steps (the decode ends in
+    2), and the step that prefills fastest beside the decode takes a whole prompt."""
+    def first_chunk(num_prompts: int, num_blocks: int) -> int:
+        s = create_scheduler(SchedulerConfig(token_budget=4096, max_num_seqs=64, block_size=16, num_blocks=num_blocks,
+                                             watermark=0.0, tile_size=128, tbt_slo=100.0, slo_margin=0.0),
+                             _DecodeOverheadModel())
+        s.add_request("decode", 4, 3)
+        s.update(s.schedule())
+        for i in range(num_prompts):
+            s.add_request(i, 1000, 2)
+        plan = s.schedule()
+        assert plan.num_decode_tokens == 1
+        return max(e.num_tokens for e in plan.entries if e.is_prefill)
+
+    assert MAX_DECODE_HEADROOM_STEPS == 64
+    assert first_chunk(2, 100) == 256 - 1
+    assert first_chunk(40, 100) == 640 - 1
+    assert first_chunk(2, 400) == 1000
 
 
 def test_adaptive_budget_config_errors() -> None:

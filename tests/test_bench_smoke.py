@@ -9,6 +9,7 @@ model cache (a smoke run never downloads: the GGUF bench skips); two run at a ti
 the CI machine has two cores."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -80,3 +81,31 @@ def test_bench_smoke(name: str, smoke_runs: dict[str, Future[Run]]) -> None:
     assert res.stdout.strip(), f"{name} --smoke printed nothing\n{log}"
     if name in EXPECT:
         assert re.search(EXPECT[name], res.stdout), f"{name} --smoke did not print /{EXPECT[name]}/\n{log}"
+
+
+def test_adaptive_budget_reuses_statics_only_when_they_reproduce(tmp_path: Path) -> None:
+    """`--static-from` takes a previous run's static capacities and reruns the default rule
+    and each cell's best static budget; a file whose best static no longer reproduces
+    (the static policies changed) stops the run instead of mixing two code versions."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = [sys.executable, str(BENCH / "bench_adaptive_budget.py"), "--smoke", "--jobs", "2"]
+
+    def run(*args: str) -> Run:
+        return subprocess.run([*script, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+
+    first = run("--out", "first")
+    assert first.returncode == 0, first.stderr
+    saved = tmp_path / "first" / "capacity.json"
+    again = run("--out", "again", "--static-from", str(saved))
+    assert again.returncode == 0, again.stderr
+    assert "2 searches" in again.stdout  # the default rule and the best static, nothing else
+    worst = [line for line in first.stdout.splitlines() if line.startswith("worst cell:")][0]
+    assert worst.split(" (")[0] in again.stdout
+
+    data = json.loads(saved.read_text())
+    cell = data["cells"][0]
+    cell["brackets"][str(cell["best_budget"])][0] *= 2
+    saved.write_text(json.dumps(data))
+    tampered = run("--out", "tampered", "--static-from", str(saved))
+    assert tampered.returncode != 0 and "static policies changed" in tampered.stderr

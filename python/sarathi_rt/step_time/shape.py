@@ -133,6 +133,14 @@ def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int
     return _fastest_prefill(model, sizes, prefill_context, num_decodes, decode_kv)
 
 
+def fastest_chunk_alone(model: StepTimeModel, max_tokens: int, quantum: int) -> int:
+    """The prefill chunk (a multiple of `quantum`, at most `max_tokens`) that prefills the
+    most tokens per second in a step of its own, from position 0: past it a chunk is
+    slower per token (attention grows with the chunk, tile waves fill unevenly)."""
+    sizes = _probe_sizes(1, max(1, max_tokens // quantum), quantum, 0)
+    return _fastest_prefill(model, sizes, 0, 0, 0)
+
+
 def _fastest_prefill(model: StepTimeModel, sizes: list[int], prefill_context: int, num_decodes: int,
                      decode_kv: int) -> int:
     """Of the prefill `sizes`, the one whose step beside `num_decodes` decodes prefills

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from typing import Any, Hashable
 
 from ..base import Scheduler, StepBuilder
 from ..deadline import DeadlineOrder, step_limit
 from ..request import Request, RequestStatus
 from ..registry import register_policy
-from sarathi_rt.step_time import adaptive_prefill_tokens
+from sarathi_rt.step_time import adaptive_prefill_tokens, fastest_chunk_alone
 
 # Prefill tokens a step may take, when it runs nothing else, if even that breaks the
 # SLO and no tile size is set: the prompt must move.
@@ -51,13 +52,28 @@ class SarathiScheduler(Scheduler):
     name = "sarathi"
     adaptive = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # (step, prompt tokens) of the requests that arrived in the last
+        # MAX_DECODE_HEADROOM_STEPS steps: the recent arrival rate (_paced_chunk).
+        self._recent: deque[tuple[int, int]] = deque()
+        self._chunk_limit: int | None = None  # this step's per-prompt cap while the cache binds
+
+    def add_request(self, request_id: Hashable, num_prompt_tokens: int, max_new_tokens: int,
+                    **kwargs: Any) -> None:
+        super().add_request(request_id, num_prompt_tokens, max_new_tokens, **kwargs)
+        if self.config.needs_step_time_model:
+            self._recent.append((self._step, num_prompt_tokens))
+
     def _cap(self, req: Request) -> int:
         threshold = self.config.long_prefill_threshold
+        cap = self.config.chunk_size
         if threshold is not None and req.prefill_target > threshold:
-            return min(self.config.chunk_size, threshold)
-        return self.config.chunk_size
+            cap = min(cap, threshold)
+        return cap if self._chunk_limit is None else min(cap, self._chunk_limit)
 
     def _build(self, b: StepBuilder) -> None:
+        self._chunk_limit = None
         if self.config.deadline_aware:
             self._make_room(b)
         decodes, prefills = self._split_running()
@@ -198,6 +214,7 @@ class SarathiScheduler(Scheduler):
         if self._cache_binds():
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, max(urgent, self._arrival_pace(pending)))
+            self._chunk_limit = max(urgent, self._paced_chunk(quantum))
         elif urgent:
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, urgent)
@@ -250,6 +267,29 @@ class SarathiScheduler(Scheduler):
         arrived = sum(r.prefill_target for r in pending)
         steps = self._step - min(r.arrival_step for r in pending) + 1
         return -(-arrived // steps)
+
+    def _paced_chunk(self, quantum: int) -> int:
+        """While the cache binds, the most prefill tokens one prompt may take in a step:
+        the larger of the chunk that prefills fastest on its own and the recent arrival
+        rate (prompt tokens that arrived in the last MAX_DECODE_HEADROOM_STEPS steps, per
+        step), rounded up to `quantum`. The step's budget may still be larger (several
+        prompts share it).
+
+        Admission waits on the cache, so a prompt taken in larger pieces than the
+        arrivals ask for only fills the cache sooner, and each piece beyond the fastest
+        chunk is slower per token, which every running request pays for in step time. The
+        pending prompts' pace (_arrival_pace) is a poor guide here: a prompt that has
+        just arrived alone paces at its whole length. A slower cap than the arrival rate
+        would let the queue grow."""
+        horizon = MAX_DECODE_HEADROOM_STEPS
+        while self._recent and self._recent[0][0] <= self._step - horizon:
+            self._recent.popleft()
+        rate = -(-sum(tokens for _, tokens in self._recent) // horizon)
+        paced = -(-rate // quantum) * quantum
+        if paced >= self.config.chunk_size:  # no cap: spare the search
+            return paced
+        return max(paced, fastest_chunk_alone(self.step_time_model, self.config.token_budget,  # type: ignore[arg-type]
+                                              quantum))
 
     def _decode_need(self, decodes: list[Request]) -> int:
         """Blocks the running `decodes` will take before the next of them finishes (or
