@@ -183,7 +183,7 @@ def test_a_lone_surrogate_is_a_400_on_a_kept_connection(served) -> None:
     ("completions", {"stop_token_ids": [5]}, "stop_token_ids is not supported"),
     ("completions", {"suffix": "x"}, "suffix is not supported"),
     ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools is not supported"),
-    ("chat", {"response_format": {"type": "json_object"}}, "response_format is not supported"),
+    ("chat", {"guided_json": {"type": "object"}}, "guided_json is not supported"),
     ("chat", {"top_logprobs": 2}, "top_logprobs needs logprobs=true"),
     ("chat", {"chat_template": "{{ 1 }}"}, "chat_template is not supported"),
     ("chat", {"messages": [{"role": "user", "content": "x", "name": "eve"}]}, "messages.0.name is not supported"),

@@ -1,10 +1,11 @@
 """How to pick each request's next tokens and when to stop: `SamplingParams`."""
 from __future__ import annotations
 
+import json
 import math
 import operator
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 SEED_LIMIT = 2**64  # seeds are mixed as 64-bit words: a larger one would alias a smaller
 # Below this temperature sampling is greedy (vLLM's floor too): dividing float32 logits by
@@ -48,6 +49,22 @@ def _int(name: str, value: object, minimum: int, limit: int | None = None) -> in
     return number
 
 
+def _schema(value: object) -> str:
+    """A JSON schema (a dict, or JSON text of an object) as JSON text. Property order is
+    kept: it is the order a grammar writes the properties in."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"json_schema must be a JSON schema object (a dict or its JSON text), got {value!r:.80}")
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"json_schema must hold JSON values only: {exc}") from None
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request decoding settings.
@@ -68,7 +85,12 @@ class SamplingParams:
     they do not change with the sampling settings. skip_special_tokens: leave special
     tokens out of the text. n: independent samples of the prompt (1..MAX_N=16), prefilled
     once; sample i draws with seed sample_seed(seed, i), so it equals a single request
-    with that seed (sample 0 keeps `seed`).
+    with that seed (sample 0 keeps `seed`). json_schema: a JSON schema (a dict or its JSON
+    text; held as text) the generated text must satisfy; the request stops ("stop") once
+    the value is complete. It needs the optional xgrammar extra (`pip install
+    'sarathi_rt[structured]'`) and the engine's tokenizer; the engine compiles it when the
+    request is added and raises ValueError naming json_schema for one xgrammar does not
+    support. `{"type": "object"}` asks for any JSON object.
     """
 
     max_tokens: int = 16
@@ -83,6 +105,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
     n: int = 1
+    json_schema: str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_tokens", _int("max_tokens", self.max_tokens, 1))
@@ -107,6 +130,8 @@ class SamplingParams:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _int(name, getattr(self, name), 0, MAX_LOGPROBS + 1))
         object.__setattr__(self, "n", _int("n", self.n, 1, MAX_N + 1))
+        if self.json_schema is not None:
+            object.__setattr__(self, "json_schema", _schema(self.json_schema))
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

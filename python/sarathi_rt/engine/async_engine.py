@@ -35,6 +35,9 @@ class AsyncLLMEngine:
         ended the loop) go to `queue` (a new one if None), which is returned. Bad input
         raises here."""
         queue = asyncio.Queue() if queue is None else queue
+        if isinstance(params, SamplingParams) and params.json_schema is not None:
+            # Compiling a schema takes milliseconds to seconds: on a thread, while steps go on.
+            await asyncio.to_thread(self.engine.compile_grammar, params.json_schema)
         async with self._lock:
             self.engine.add_request(request_id, prompt, params, qos=qos)
             self._queues[request_id] = queue

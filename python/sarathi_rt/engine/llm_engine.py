@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from .executor import Executor, InProcessExecutor
 from .outputs import RequestOutput
 from .sequence import SequenceState
 from .step_io import SequenceChunk, StepInput, StepOutput
+from .structured import GrammarCompiler
 from .tiles import resolve_tile_size
 
 
@@ -89,6 +91,8 @@ class LLMEngine:
         self._requests: dict[Hashable, list[SequenceState]] = {}  # request id -> its samples, by index
         self._aborted: list[RequestOutput] = []
         self._seed_rng = random.Random(config.seed)
+        self._grammar_compiler: GrammarCompiler | None = None  # built by the first json_schema
+        self._grammar_lock = threading.Lock()  # compile_grammar may run on other threads
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None,
@@ -140,9 +144,26 @@ class LLMEngine:
         metrics = RequestMetrics(arrival_time=arrival_time, num_prompt_tokens=len(tokens))
         detokenizer = None if self.tokenizer is None else \
             Detokenizer(self.tokenizer, tokens, params.skip_special_tokens, params.stop)
+        # Each sample follows the schema's grammar from its start (one compile: cached).
+        grammar = None if params.json_schema is None else self._compiler().grammar(params.json_schema, stops)
         return SequenceState(request_id, tokens, params, seed, max_new, stops, metrics,
                              logprobs=None if params.logprobs is None else [], detokenizer=detokenizer,
-                             prompt_logprobs=None if params.prompt_logprobs is None else [None], index=index)
+                             prompt_logprobs=None if params.prompt_logprobs is None else [None], index=index,
+                             grammar=grammar)
+
+    def compile_grammar(self, schema: str) -> None:
+        """Compile SamplingParams.json_schema `schema` now, from any thread, so that adding
+        a request with it compiles nothing (compiled schemas are cached): AsyncLLMEngine
+        calls it off the event loop. Raises as add_request would for that schema."""
+        self._compiler().compile(schema)
+
+    def _compiler(self) -> GrammarCompiler:
+        """Built once, on the first json_schema: an engine without any never needs xgrammar."""
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
+                                                         tuple(self.model_config.eos_token_ids))
+            return self._grammar_compiler
 
     def _check_prompt(self, prompt: object) -> list[int]:
         if hasattr(prompt, "tolist"):  # a tensor or an array of ids

@@ -43,6 +43,20 @@ def _filter(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter_(1, order, ordered)
 
 
+def _apply_grammars(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
+    """`logits` with the tokens each row's grammar forbids at -inf (a copy, so the raw
+    logits stay for the log probabilities); the rows without a grammar are untouched."""
+    masked = [i for i, r in enumerate(rows) if r.allowed is not None]
+    if not masked:
+        return logits
+    words = torch.frombuffer(bytearray(b"".join(rows[i].allowed or b"" for i in masked)), dtype=torch.int32)
+    bits = words.view(len(masked), -1, 1).to(logits.device) >> torch.arange(32, dtype=torch.int32,
+                                                                              device=logits.device)
+    allowed = (bits & 1).view(len(masked), -1)[:, :logits.shape[1]].bool()
+    index = torch.tensor(masked, device=logits.device)
+    return logits.index_copy(0, index, logits.index_select(0, index).masked_fill_(~allowed, float("-inf")))
+
+
 def token_logprobs(logits: torch.Tensor, targets: list[int], top: list[int]) -> list[TokenLogprob]:
     """Row i's log probability of token targets[i] and its top[i] most likely tokens, from
     the raw logits (before temperature, filtering or a grammar mask)."""
@@ -60,7 +74,8 @@ def token_logprobs(logits: torch.Tensor, targets: list[int], top: list[int]) -> 
 class Sampler:
     """Greedy rows take the argmax (the first on ties, as transformers does); the others
     sample by the exponential race, argmax(p / E) with E ~ Exp(1) from the row's own
-    generator, which picks token i with probability p_i."""
+    generator, which picks token i with probability p_i. A row with a grammar
+    (RowSampling.allowed) first loses the tokens its grammar forbids."""
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[RowSampling]
@@ -68,7 +83,8 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [len(rows)={len(rows)}, vocab], got {tuple(logits.shape)}")
         with nvtx_range("sample"):
-            logits = logits.float()
+            raw = logits.float()
+            logits = _apply_grammars(raw, rows)
             tokens = logits.argmax(dim=1)
             random_rows = [i for i, r in enumerate(rows) if not r.greedy]
             if random_rows:
@@ -86,7 +102,7 @@ class Sampler:
             want = [i for i, r in enumerate(rows) if r.logprobs is not None]
             if want:
                 index = torch.tensor(want, device=logits.device)
-                values = token_logprobs(logits.index_select(0, index), [token_ids[i] for i in want],
+                values = token_logprobs(raw.index_select(0, index), [token_ids[i] for i in want],
                                         [rows[i].logprobs or 0 for i in want])
                 for i, v in zip(want, values):
                     logprobs[i] = v

@@ -10,6 +10,7 @@ from sarathi_rt.sampling import SamplingParams
 from sarathi_rt.text.detokenizer import Detokenizer
 from .outputs import Prefix, RequestOutput, TokenLogprob
 from .step_io import RowSampling
+from .structured import Grammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,7 @@ class SequenceState:
     # With params.prompt_logprobs: None for the first prompt token, then those scored so far.
     prompt_logprobs: list[TokenLogprob | None] | None = None
     index: int = 0
+    grammar: Grammar | None = None  # with params.json_schema: where the output is in it
     key: Hashable = field(init=False)
 
     def __post_init__(self) -> None:
@@ -56,7 +58,8 @@ class SequenceState:
 
     def row_sampling(self) -> RowSampling:
         p = self.params
-        return RowSampling(p.temperature, p.top_k, p.top_p, self.seed, len(self.output), p.logprobs)
+        return RowSampling(p.temperature, p.top_k, p.top_p, self.seed, len(self.output), p.logprobs,
+                           None if self.grammar is None else self.grammar.allowed())
 
     def prompt_targets(self, start: int, n: int) -> list[int] | None:
         """The prompt tokens that positions start..start+n-1 predict, when this request
@@ -75,6 +78,7 @@ class SequenceState:
     def append(self, token: int, logprob: TokenLogprob | None, now: float) -> None:
         """Record a generated token; sets finish_reason when it ends the request."""
         self.output.append(token)
+        complete = self.grammar is not None and self.grammar.accept(token)
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
         m = self.metrics
@@ -85,6 +89,8 @@ class SequenceState:
             self.finish_reason = "stop"  # the stop token is not rendered
         elif self.detokenizer is not None and self.detokenizer.append(token):
             self.finish_reason = "stop"  # a stop string
+        elif complete:
+            self.finish_reason = "stop"  # the schema's value is complete
         elif len(self.output) >= self.max_new_tokens:
             self.finish_reason = "length"
 

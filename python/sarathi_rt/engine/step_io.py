@@ -20,7 +20,9 @@ class RowSampling:
     """How to sample one row. `num_generated` (tokens the request produced before this
     one) keys the row's random stream together with `seed`, so a request draws the same
     tokens whatever else is in its batch, and again after a preemption. `logprobs`: None,
-    or how many alternatives to return with the sampled token's log probability."""
+    or how many alternatives to return with the sampled token's log probability.
+    `allowed`: for a request with a grammar, the tokens it allows (bit t%32 of
+    little-endian int32 word t//32, as engine.structured writes them); None allows all."""
 
     temperature: float
     top_k: int | None
@@ -28,6 +30,7 @@ class RowSampling:
     seed: int
     num_generated: int
     logprobs: int | None = None
+    allowed: bytes | None = None
 
     @property
     def greedy(self) -> bool:

@@ -215,6 +215,9 @@ class OpenAIServer:
             params = body.sampling_params(max(1, self.llm.engine.max_model_len - len(prompt)))
             queue = await self.engine.add_request(request_id, prompt, params, qos=qos)
         except (ValueError, TypeError) as exc:
+            # The engine names SamplingParams' json_schema, which a client sent as response_format.
+            if body.response_format is not None and str(exc).startswith("json_schema"):
+                raise ApiError(400, f"response_format: {exc}", param="response_format") from None
             raise ApiError(400, str(exc)) from None
         self._live[request_id] = queue
         return queue, request_id

@@ -19,7 +19,7 @@ from sarathi_rt.sampling import MAX_LOGPROBS, MAX_N, SamplingParams
 # quietly ignores them.
 UNSUPPORTED = frozenset({
     "suffix", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
-    "response_format", "audio", "modalities", "prediction", "reasoning_effort", "verbosity",
+    "audio", "modalities", "prediction", "reasoning_effort", "verbosity",
     "store", "metadata", "web_search_options", "repetition_penalty", "min_tokens", "min_p", "stop_token_ids",
     "bad_words", "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens", "chat_template",
     "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "use_beam_search",
@@ -59,11 +59,44 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Strict):
+    """response_format's json_schema: OpenAI's name, description and strict (the grammar
+    enforces the schema whatever strict says) and the schema itself."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: Optional[str] = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(Strict):
+    """OpenAI's response_format: "text" (free), "json_object" (any JSON object) or
+    "json_schema" (a value of that schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('json_schema is required with type "json_schema" and only there')
+        return self
+
+    @property
+    def json_schema_value(self) -> dict[str, Any] | None:
+        """SamplingParams.json_schema for this format; None for free text."""
+        if self.json_schema is not None:
+            return self.json_schema.schema_
+        return {"type": "object"} if self.type == "json_object" else None
+
+
 class SamplingRequest(Strict):
     """What /v1/completions and /v1/chat/completions share. ignore_eos and top_k are not
     OpenAI's (vLLM has them too); benchmarks need ignore_eos for fixed output lengths.
     `user` is accepted because it never changes the output. `service_tier` selects the
-    request's QoS class (OpenAI's name; see OpenAIServer)."""
+    request's QoS class (OpenAI's name; see OpenAIServer). `response_format` constrains
+    the output to JSON (SamplingParams.json_schema; needs the `structured` extra)."""
 
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(default=None, ge=1)
@@ -82,6 +115,7 @@ class SamplingRequest(Strict):
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
     service_tier: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None
 
     @model_validator(mode="after")
     def _supported(self) -> SamplingRequest:
@@ -99,7 +133,8 @@ class SamplingRequest(Strict):
         stop = self.stops
         return SamplingParams(max_tokens=self.max_tokens or max_tokens, temperature=self.temperature,
                               top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=tuple(stop),
-                              ignore_eos=self.ignore_eos, logprobs=self.num_logprobs, n=self.n)
+                              ignore_eos=self.ignore_eos, logprobs=self.num_logprobs, n=self.n,
+                              json_schema=None if self.response_format is None else self.response_format.json_schema_value)
 
     @property
     def num_logprobs(self) -> int | None:

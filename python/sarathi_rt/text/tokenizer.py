@@ -155,6 +155,26 @@ class Tokenizer:
     def special_token_ids(self) -> frozenset[int]:
         return frozenset(i for i, t in self._backend.get_added_tokens_decoder().items() if t.special)
 
+    def grammar_vocabulary(self) -> tuple[list[str], str, bool]:
+        """What a grammar engine needs to know which bytes each token spells: every token's
+        vocabulary string, with "" for special tokens (no text: a grammar never allows
+        them), how those strings encode bytes ("byte_level": GPT-2's byte alphabet,
+        "byte_fallback": SentencePiece's U+2581 spaces and <0xNN> tokens, "raw": as
+        written), and whether the vocabulary prepends a space to the text (SentencePiece)."""
+        vocab = self._backend.get_vocab(with_added_tokens=True)
+        strings = [""] * (max(vocab.values()) + 1)
+        for token, token_id in vocab.items():
+            strings[token_id] = token
+        for token_id in self.special_token_ids:
+            strings[token_id] = ""
+        backend = json.loads(self._backend.to_str())
+        decoder = backend.get("decoder") or {}
+        parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+        kinds = {part.get("type") for part in parts}
+        kind = "byte_level" if "ByteLevel" in kinds else "byte_fallback" if "ByteFallback" in kinds else "raw"
+        normalizer = json.dumps(backend.get("normalizer"))
+        return strings, kind, '"Prepend"' in normalizer
+
     def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
         """`text` -> ids; add_special_tokens adds what the vocabulary asks for (a BOS).
         parse_special=False reads the text of special tokens ("<|im_end|>") as plain

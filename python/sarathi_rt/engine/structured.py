@@ -1,0 +1,123 @@
+"""Structured output: a request with SamplingParams.json_schema generates only text that
+the schema's grammar accepts. The grammar library is xgrammar (the optional extra
+`pip install 'sarathi_rt[structured]'`), imported on the first such request only.
+
+The grammar state lives on the driver, beside the request's tokens: before each step
+that samples a request, its matcher writes the allowed tokens as a bitmask (RowSampling
+.allowed, plain bytes, so any executor ships it); the worker's sampler masks that row
+alone; the driver then advances the matcher by the token it got. A preempted request
+keeps its generated tokens and so its matcher, which therefore never rolls back; an
+aborted or finished one drops it with the rest of its state."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sarathi_rt.text.tokenizer import Tokenizer
+
+EXTRA = "pip install 'sarathi_rt[structured]'"
+# Schemas compiled into grammars, kept by xgrammar's compiler cache (keyed by the schema
+# text and the options): a second request with the same schema compiles nothing.
+_CACHE_BYTES = 256 << 20
+
+
+def _xgrammar() -> Any:
+    try:
+        import xgrammar
+    except ImportError:
+        raise ValueError(f"json_schema (structured output) needs the xgrammar library, an optional extra: "
+                         f"{EXTRA}") from None
+    return xgrammar
+
+
+class Grammar:
+    """One request's position in its grammar."""
+
+    __slots__ = ("_matcher", "_bitmask")
+
+    def __init__(self, matcher: Any, bitmask: Any) -> None:
+        self._matcher = matcher
+        self._bitmask = bitmask
+
+    def allowed(self) -> bytes:
+        """The tokens the grammar allows next, bit t%32 of little-endian int32 word t//32."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        return self._bitmask.numpy().tobytes()
+
+    def accept(self, token: int) -> bool:
+        """Advance by the sampled token; True once the grammar is complete (the request is
+        done). The sampler only picks allowed tokens, so a refusal is an engine bug."""
+        if not self._matcher.accept_token(token):
+            raise RuntimeError(f"the grammar refused token {token}, which its own mask allowed")
+        return bool(self._matcher.is_terminated())
+
+
+class GrammarCompiler:
+    """Compiles schemas against one vocabulary. Built on the first structured request, so
+    an engine without any never needs xgrammar."""
+
+    def __init__(self, tokenizer: object, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+        if not isinstance(tokenizer, Tokenizer):
+            raise ValueError("json_schema (structured output) needs the engine's tokenizer (a "
+                             f"sarathi_rt Tokenizer); this engine has {'none' if tokenizer is None else type(tokenizer).__name__}")
+        xgr = _xgrammar()
+        strings, kind, prefix_space = tokenizer.grammar_vocabulary()
+        # The logits may be wider than the vocabulary (padded) or, for a model trained on a
+        # smaller one, narrower: ids past the strings are never allowed.
+        strings = strings[:vocab_size]
+        vocab_type = {"byte_level": xgr.VocabType.BYTE_LEVEL, "byte_fallback": xgr.VocabType.BYTE_FALLBACK,
+                      "raw": xgr.VocabType.RAW}[kind]
+        eos = [t for t in eos_token_ids or tokenizer.eos_token_ids if t < vocab_size]
+        if not eos:  # xgrammar needs one; a request ends when its grammar completes anyway
+            eos = [next(i for i, s in enumerate(strings) if s == "")] if "" in strings else [vocab_size - 1]
+        info = xgr.TokenizerInfo(strings, vocab_type, vocab_size=vocab_size, stop_token_ids=eos,
+                                 add_prefix_space=prefix_space)
+        self.tokenizer_info = info  # what xgrammar reads each token as
+        self._xgr = xgr
+        self._vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True,
+                                             cache_limit_bytes=_CACHE_BYTES)
+
+    def compile(self, schema: str) -> Any:
+        """`schema` (JSON text) compiled, from the cache after the first time; safe from
+        any thread. A schema xgrammar cannot compile raises ValueError naming json_schema."""
+        try:
+            return self._compiler.compile_json_schema(_bounded_strings(schema), any_whitespace=False)
+        except RuntimeError as exc:  # xgrammar reports bad schemas as RuntimeError
+            raise ValueError(f"json_schema is not a schema xgrammar supports: {_reason(exc)}") from None
+
+    def grammar(self, schema: str, stop_token_ids: frozenset[int]) -> Grammar:
+        """A fresh matcher for `schema`. The request ends at one of its stop tokens once
+        the text is complete, or right at completion when it has none (ignore_eos)."""
+        compiled = self.compile(schema)
+        stops = sorted(stop_token_ids)
+        matcher = self._xgr.GrammarMatcher(compiled, override_stop_tokens=stops or None,
+                                           terminate_without_stop_token=not stops)
+        return Grammar(matcher, self._xgr.allocate_token_bitmask(1, self._vocab_size))
+
+
+def _bounded_strings(schema: str) -> str:
+    """`schema` with every string bounded by minLength/maxLength alone written as the
+    same bound on a pattern of JSON's unescaped characters. xgrammar 0.2.9 compiles such
+    a string to [^"\\\r\n]{min,max}, which lets control characters through raw (invalid
+    JSON: a random model writes them), while its patterns exclude them."""
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewrite(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        node = {k: rewrite(v) for k, v in node.items()}
+        if node.get("type") == "string" and {"minLength", "maxLength"} & node.keys() and \
+                not {"pattern", "format", "enum", "const"} & node.keys():
+            low, high = node.pop("minLength", 0), node.pop("maxLength", "")
+            node["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{low},{high}}}$'
+        return node
+
+    return json.dumps(rewrite(json.loads(schema)))
+
+
+def _reason(exc: BaseException) -> str:
+    """xgrammar's message without its "[time] file.cc:line: " prefix."""
+    text = str(exc).strip()
+    return text.split(": ", 1)[1] if text.startswith("[") and ": " in text else text
+
