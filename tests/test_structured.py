@@ -14,6 +14,7 @@ import pytest
 from structured_schemas import schemas
 from text_models import tiny_tokenizer
 from sarathi_rt import LLM, SamplingParams
+from sarathi_rt.sampling import sample_seed
 from sarathi_rt.engine import AsyncLLMEngine
 from sarathi_rt.engine.structured import GrammarCompiler
 
@@ -76,6 +77,19 @@ def test_logprobs_stay_raw_under_the_grammar(llm: LLM) -> None:
     # The grammar changed the pick, not the scores: its token is below the model's argmax.
     assert constrained.token_ids[0] != free.token_ids[0]
     assert constrained.logprobs[0].logprob < free.logprobs[0].logprob
+
+
+def test_each_of_n_samples_follows_the_schema_with_its_own_grammar(llm: LLM) -> None:
+    """n samples fork one prefilled prompt; each has its own matcher from the start, so
+    each draws what a single request with its seed draws."""
+    schema = schemas()[20]
+    params = SamplingParams(n=3, max_tokens=160, temperature=1.0, seed=7, json_schema=schema)
+    out = llm.generate(["hello world"], params, use_tqdm=False)[0]
+    assert [s.index for s in out.samples] == [0, 1, 2]
+    for sample in out.samples:
+        _check(sample, schema)
+        single = SamplingParams(max_tokens=160, temperature=1.0, seed=sample_seed(7, sample.index), json_schema=schema)
+        assert llm.generate(["hello world"], single, use_tqdm=False)[0].token_ids == sample.token_ids
 
 
 def test_ignore_eos_ends_at_the_value() -> None:
