@@ -58,8 +58,9 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer: object, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
         if not isinstance(tokenizer, Tokenizer):
+            has = "none" if tokenizer is None else type(tokenizer).__name__
             raise ValueError("json_schema (structured output) needs the engine's tokenizer (a "
-                             f"sarathi_rt Tokenizer); this engine has {'none' if tokenizer is None else type(tokenizer).__name__}")
+                             f"sarathi_rt Tokenizer); this engine has {has}")
         xgr = _xgrammar()
         strings, kind, prefix_space = tokenizer.grammar_vocabulary()
         # The logits may be wider than the vocabulary (padded) or, for a model trained on a

@@ -134,7 +134,8 @@ class SamplingRequest(Strict):
         return SamplingParams(max_tokens=self.max_tokens or max_tokens, temperature=self.temperature,
                               top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=tuple(stop),
                               ignore_eos=self.ignore_eos, logprobs=self.num_logprobs, n=self.n,
-                              json_schema=None if self.response_format is None else self.response_format.json_schema_value)
+                              json_schema=None if self.response_format is None
+                              else self.response_format.json_schema_value)
 
     @property
     def num_logprobs(self) -> int | None:
