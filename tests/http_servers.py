@@ -1,4 +1,5 @@
-"""Running an OpenAIServer's app on loopback for a test module, on a thread of its own."""
+"""Running an OpenAIServer's app on loopback for a test module, on a thread of its own;
+the tiny random-weight server the feature tests share."""
 from __future__ import annotations
 
 import threading
@@ -7,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import uvicorn
+
+from text_models import tiny_tokenizer
 
 
 @contextmanager
@@ -27,3 +30,17 @@ def running(app: object) -> Iterator[str]:
         uv.should_exit = True
         thread.join(timeout=10)
         assert not thread.is_alive(), "the server did not stop"
+
+
+@contextmanager
+def tiny_server(num_kv_blocks: int = 256) -> Iterator[tuple[object, str]]:
+    """An OpenAIServer over the tiny random-weight model (8-token blocks, budget 64, 32
+    sequences) on loopback: yields (server, base URL)."""
+    from sarathi_rt import LLM
+    from sarathi_rt.server import OpenAIServer
+
+    llm = LLM("tiny", tokenizer=tiny_tokenizer(), num_kv_blocks=num_kv_blocks, block_size=8, token_budget=64,
+              max_num_seqs=32)
+    server = OpenAIServer(llm, "tiny", max_waiting=64)
+    with running(server.app) as url:
+        yield server, url

@@ -1,5 +1,6 @@
-"""The server's logprobs, n > 1 and response_format through the official openai client
-on loopback, checked against the library's own outputs for the same requests."""
+"""The server's logprobs through the official openai client on loopback, checked
+against the library's own outputs for the same requests (n: test_server_n.py;
+response_format: test_server_structured.py)."""
 from __future__ import annotations
 
 
@@ -8,8 +9,7 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
-from http_servers import running  # noqa: E402
-from text_models import tiny_tokenizer  # noqa: E402
+from http_servers import tiny_server  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
 from sarathi_rt.server import OpenAIServer  # noqa: E402
 
@@ -20,11 +20,8 @@ CONV = [{"role": "user", "content": "hello"}]
 
 @pytest.fixture(scope="module")
 def served():
-    llm = LLM("tiny", tokenizer=tiny_tokenizer(), num_kv_blocks=256, block_size=8, token_budget=64,
-              max_num_seqs=32)
-    server = OpenAIServer(llm, "tiny", max_waiting=64)
-    with running(server.app) as url:
-        yield server, url
+    with tiny_server() as served:
+        yield served
 
 
 @pytest.fixture

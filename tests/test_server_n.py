@@ -11,8 +11,7 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
-from http_servers import running  # noqa: E402
-from text_models import tiny_tokenizer  # noqa: E402
+from http_servers import tiny_server  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
 from sarathi_rt.sampling import MAX_N  # noqa: E402
 from sarathi_rt.server import OpenAIServer  # noqa: E402
@@ -25,11 +24,8 @@ BLOCKS = 256
 
 @pytest.fixture(scope="module")
 def served():
-    llm = LLM("tiny", tokenizer=tiny_tokenizer(), num_kv_blocks=BLOCKS, block_size=8, token_budget=64,
-              max_num_seqs=32)
-    server = OpenAIServer(llm, "tiny", max_waiting=64)
-    with running(server.app) as url:
-        yield server, url
+    with tiny_server(num_kv_blocks=BLOCKS) as served:
+        yield served
 
 
 @pytest.fixture
