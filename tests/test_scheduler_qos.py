@@ -2,6 +2,7 @@
 the deadline policy's properties (decodes never starved, every request finishes, the
 prefill order is starvation-free, relegation, preemption preferences)."""
 import math
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -89,28 +90,44 @@ scenario_st = st.fixed_dictionaries({
 })
 
 
-def drive(cfg, requests, depth=1, with_classes=True):
+def drive(cfg, requests, depth=1, with_classes=True, classes=CLASSES):
     """Run `requests` (arrival s, prompt, max_new, class) on a clock that advances by
-    the cost model's step time; returns the plans (as tuples) and per-step checks."""
+    the cost model's step time; returns the plans (as tuples) and the scheduler, and
+    sets `drive.stepped_aside` to how many decodes were left out of a step. Checks every
+    step: no running decode is left out, except by the deadline policy when its next
+    token still makes its cumulative deadline (checked when that token comes)."""
     sched = create_scheduler(cfg, COST if cfg.needs_step_time_model else None)
     todo = sorted(enumerate(requests), key=lambda x: (x[1][0], x[0]))
     now, pending, plans, finished = 0.0, [], [], []
+    due = {}  # request left out of a step -> when its next token is due
+    drive.stepped_aside = 0
     while todo or sched.has_unfinished() or pending:
         assert len(plans) < 20_000, "no progress"
         while todo and todo[0][1][0] <= now:
             rid, (t, prompt, max_new, qos) = todo.pop(0)
             sched.add_request(rid, prompt, max_new, qos=qos if with_classes else None, arrival_time=t)
-        in_flight = {e.request_id for p in pending for e in p.entries}
+        in_flight = {e.request_id for p, _ in pending for e in p.entries}
         idle_decodes = {rid for rid in range(len(requests)) if rid not in in_flight and _is_decode(sched, rid)}
         plan = sched.schedule(now)
-        ids = {e.request_id for e in plan.entries}
-        assert not idle_decodes - ids - set(plan.preempted), "a running decode was left out"
+        for rid in plan.preempted:
+            due.pop(rid, None)  # recomputed: late for that, not for stepping aside
+        left_out = idle_decodes - {e.request_id for e in plan.entries} - set(plan.preempted)
+        assert not left_out or cfg.deadline_aware, "a running decode was left out"
+        for rid in left_out:
+            info = sched.request_info(rid)
+            assert not info.relegated
+            due.setdefault(rid, classes[info.qos].deadline(requests[rid][0], info.num_generated))
+        drive.stepped_aside += len(left_out)
         assert plan.num_tokens <= cfg.token_budget
         plans.append(tuple((e.request_id, e.start_pos, e.num_tokens) for e in plan.entries))
-        pending.append(plan)
         now += COST.predict_shape(StepShape.of_plan(plan)) if plan.entries else 0.05
+        pending.append((plan, now))
         while pending and (len(pending) >= depth or plan.is_empty):
-            finished += sched.update(pending.pop(0))
+            done, end = pending.pop(0)
+            for e in done.entries:
+                if e.emits_token and e.request_id in due:
+                    assert end <= due.pop(e.request_id) + 1e-9, "a decode that stepped aside came late"
+            finished += sched.update(done)
     assert sorted(finished) == list(range(len(requests)))
     assert sched.num_free_blocks == cfg.num_blocks
     return plans, sched
@@ -121,7 +138,11 @@ def _is_decode(sched, rid):
         info = sched.request_info(rid)
     except KeyError:
         return False
-    return info.status.value == "running" and info.num_computed >= info.num_prompt_tokens + info.num_generated
+    # A decode has computed the KV of its prompt and of every generated token but the
+    # last (which it feeds back next). After a recompute the same counts also fit a
+    # prefill one token short of its end, so requests preempted once are not checked.
+    return info.status.value == "running" and info.num_preemptions == 0 and info.num_generated >= 1 and \
+        info.num_computed >= info.num_prompt_tokens + info.num_generated - 1
 
 
 def _config(sc, **kw):
@@ -143,9 +164,40 @@ def test_deadline_policy_never_starves_a_decode_and_finishes_everyone(sc):
     drive(_config(sc, qos_classes=CLASSES, qos_srpf_weight=sc["weight"]), sc["requests"], sc["depth"])
 
 
+def test_slack_decodes_step_aside_only_while_their_deadlines_hold():
+    """Random traffic built to make stepping aside pay: a crowd of batch requests with
+    short prompts and long decodes (slack: tbt 1 s), then long chat prompts whose first
+    token they would delay. Every decode left out of a step still gets its next token
+    by its cumulative deadline (drive checks it at that token), every request
+    finishes, and decodes do step aside."""
+    rng = random.Random(7)
+    stepped = 0
+    for _ in range(3):
+        reqs = [(rng.uniform(0, 0.5), rng.randint(8, 32), rng.randint(200, 600), "batch")
+                for _ in range(rng.randint(150, 240))]
+        reqs += [(rng.uniform(4.0, 8.0), rng.randint(500, 3000), rng.randint(1, 20), "chat")
+                 for _ in range(rng.randint(3, 8))]
+        cfg = SchedulerConfig(token_budget=256, max_num_seqs=256, num_blocks=8192, qos_classes=CLASSES)
+        drive(cfg, reqs)
+        stepped += drive.stepped_aside
+    assert stepped > 0
+
+
+def test_stepping_aside_saves_a_chat_prompt_behind_slack_decodes():
+    """200 batch decodes fill 200 of 256 budget tokens; a 1500-token chat prompt at 56
+    tokens a step would take ~1 s against its 0.5 s deadline. The batch decodes step
+    aside (their tbt is 1 s) and it makes it; no batch request misses a deadline."""
+    reqs = [(0.0, 16, 600, "batch")] * 200 + [(8.0, 1500, 4, "chat")]
+    runs = {p: _sim(reqs, qos_policy=p, token_budget=256, max_num_seqs=256) for p in ("fcfs", "deadline")}
+    assert runs["fcfs"].requests[200].ttft > CLASSES["chat"].ttft
+    assert runs["deadline"].requests[200].ttft <= CLASSES["chat"].ttft
+    assert runs["deadline"].summary().qos["batch"].attainment == 1.0
+
+
 # ----------------------------------------------------------- order and relegation
 def _sim(requests, **kw):
-    cfg = SchedulerConfig(token_budget=512, max_num_seqs=64, num_blocks=4096, qos_classes=CLASSES, **kw)
+    kw = {"token_budget": 512, "max_num_seqs": 64, **kw}
+    cfg = SchedulerConfig(num_blocks=4096, qos_classes=CLASSES, **kw)
     specs = [RequestSpec(i, t, p, d, qos=q) for i, (t, p, d, q) in enumerate(requests)]
     return simulate(specs, cfg, COST)
 

@@ -83,6 +83,33 @@ class DeadlineOrder:
         return [], 0
 
 
+def two_step_bound(model: StepTimeModel, token_budget: int, running: Iterable[Request]) -> float:
+    """Predicted seconds that bound this step and the next, for deciding whether a
+    decode may step aside: the largest step the policy can build in either, token_budget
+    tokens (the most a step holds), every running request among them decoding (only
+    those can decode next step) over their KV grown by two full steps' tokens, the rest
+    one prefill chunk from the deepest running prefill's context grown as much. A bound
+    under models whose time grows with the tokens and the KV read; inf while the model
+    cannot price a step (nobody steps aside on no evidence)."""
+    num = kv = deepest = 0
+    for req in running:
+        num += 1
+        kv += req.num_computed + 1
+        if req.is_prefill:
+            deepest = max(deepest, req.num_computed)
+    grow = 2 * token_budget
+    step = model.predict_shape(StepShape.hybrid(max(0, token_budget - num), deepest + grow, num, kv + grow))
+    return step if math.isfinite(step) else math.inf
+
+
+def may_step_aside(req: Request, now: float, bound: float) -> bool:
+    """A running decode may be left out of the step starting at `now` only while its
+    next token's cumulative deadline is at least two steps of `bound` seconds away: it
+    then still makes it in the next step, and it steps aside again only under the same
+    test, so leaving it out never makes it late while steps take at most `bound`."""
+    return req.qos_class is not None and not req.relegated and now + 2 * bound <= req.next_deadline()
+
+
 def step_limit(decodes: Iterable[Request], now: float) -> float:
     """Seconds the step may take so that every decode in it that is not relegated gets
     its next token by its cumulative deadline: the tightest of (deadline - now). A decode

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from typing import Any, Hashable
 
 from ..base import Scheduler, StepBuilder
-from ..deadline import DeadlineOrder, step_limit
+from ..deadline import DeadlineOrder, may_step_aside, step_limit, two_step_bound
 from ..request import Request, RequestStatus
 from ..registry import register_policy
-from sarathi_rt.step_time import adaptive_prefill_tokens, fastest_chunk_alone
+from sarathi_rt.step_time import StepShape, adaptive_prefill_tokens, fastest_chunk_alone
 
 # Prefill tokens a step may take, when it runs nothing else, if even that breaks the
 # SLO and no tile size is set: the prompt must move.
@@ -87,6 +88,7 @@ class SarathiScheduler(Scheduler):
             # Blocks kept free for the decodes' next steps (see _decode_need).
             keep = self._decode_need(past_prompt)
         if pending is not None:
+            self._step_aside(b, pending)
             self._fill_by_deadline(b, pending, keep)
             return
         # Prompts that will still be partial after this step (in-flight ones counted
@@ -118,9 +120,12 @@ class SarathiScheduler(Scheduler):
         prefills in progress and the waiting requests in one list sorted by
         DeadlineOrder.key, and sorts `prefills` and the waiting queue the same way."""
         plan = b.plan
-        decode_kv = plan.num_decode_tokens + sum(e.start_pos for e in plan.entries)
+        # The best case relegation weighs: the decodes that could step aside (_step_aside) do.
+        bound = two_step_bound(self.step_time_model, self.config.token_budget,  # type: ignore[arg-type]
+                               self._running.values()) if not self._pending else math.inf
+        fixed = [e for e, r in zip(plan.entries, b.reqs) if not may_step_aside(r, self._now, bound)]
         order = DeadlineOrder(self.step_time_model, self._now, self.config.qos_srpf_weight,  # type: ignore[arg-type]
-                              self.config.token_budget, plan.num_decode_tokens, decode_kv)
+                              self.config.token_budget, len(fixed), sum(e.start_pos + 1 for e in fixed))
         pending = sorted(itertools.chain(prefills, self._waiting), key=order.key)
         plan.relegated.extend(r.request_id for r in order.relegate(pending))
         pending.sort(key=lambda r: r.relegated)  # stable: the newly relegated move behind, in key order
@@ -205,10 +210,7 @@ class SarathiScheduler(Scheduler):
         decode_kv = num_decodes + sum(e.start_pos for e in plan.entries)
         context = head.num_computed if head is not None else 0
         quantum = cfg.tile_size or 1
-        limit = cfg.tbt_slo if cfg.tbt_slo is not None else float("inf")
-        if cfg.deadline_aware:
-            limit = min(limit, step_limit((r for r in b.reqs if not r.is_prefill), self._now))
-        model, limit = self.step_time_model, limit * (1 - cfg.slo_margin)
+        model, limit = self.step_time_model, self._step_seconds(b.reqs)
         pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
         urgent = self._urgent_tokens(pending, limit) if cfg.deadline_aware else 0
         if self._cache_binds():
@@ -226,6 +228,86 @@ class SarathiScheduler(Scheduler):
         if n == 0 and not plan.entries:
             n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
         b.budget = num_decodes + n
+
+    def _step_seconds(self, reqs: list[Request]) -> float:
+        """The most seconds a step holding `reqs` may be predicted to take: tbt_slo and,
+        deadline-aware, its decodes' deadlines (step_limit), less the margin."""
+        cfg = self.config
+        limit = cfg.tbt_slo if cfg.tbt_slo is not None else float("inf")
+        if cfg.deadline_aware:
+            limit = min(limit, step_limit((r for r in reqs if not r.is_prefill), self._now))
+        return limit * (1 - cfg.slo_margin)
+
+    def _step_aside(self, b: StepBuilder, pending: list[Request]) -> None:
+        """Leave slack decodes out of this step when a tighter prompt needs the time.
+
+        The rule: with no plan in flight (so `now` is when this step starts), take the
+        best-ranked request still waiting for its first token (`pending` order, not
+        relegated) that can run this step. At the largest step that fits the step limit
+        with the decodes in, the prefill ranked ahead of it and its own (run back to back
+        at that rate) miss its deadline; leaving out running decodes whose next deadline
+        is later than its first-token deadline and that may_step_aside (two bounding
+        steps of slack, deadline.two_step_bound) makes it: then the fewest of them that
+        do (the latest-due first, in groups of 1, 2, 4, ...) are left out and the step
+        takes the larger chunk. A decode left out runs in the next step unless the same
+        test holds again then, so under the predicted step times it is never late for
+        it, and it is never starved; no decode steps aside when it would not save the
+        prompt (relegation deals with those)."""
+        head, ahead = None, 0
+        for r in pending:
+            if not r.relegated and r.num_generated == 0:
+                head = r
+                break
+            ahead += r.prefill_target - r.num_computed
+        cfg = self.config
+        if head is None or self._pending or (head.status is RequestStatus.WAITING and (
+                not b.admission_open or len(self._running) >= cfg.max_num_seqs)):
+            return
+        plan, model = b.plan, self.step_time_model
+        due, tokens = head.next_deadline(), ahead + head.prefill_target - head.num_computed
+        context = next((r.num_computed for r in pending if r.status is RequestStatus.RUNNING), 0)
+        decode_kv = plan.num_decode_tokens + sum(e.start_pos for e in plan.entries)
+
+        def chunk(out: set) -> int:
+            """The largest chunk within the limit with the decodes `out` left out, if at
+            that rate the prefill up to the head's makes its deadline; else 0."""
+            kept = [r for r in b.reqs if r.request_id not in out]
+            kv = decode_kv - sum(e.start_pos + 1 for e in plan.entries if e.request_id in out)
+            n = adaptive_prefill_tokens(model, self._step_seconds(kept), len(kept), kv,  # type: ignore[arg-type]
+                                        context, cfg.token_budget, cfg.tile_size or 1, tokens)
+            step = model.predict_shape(StepShape.hybrid(n, context, len(kept), kv))  # type: ignore[union-attr]
+            return n if n > 0 and self._now + -(-tokens // n) * step <= due else 0
+
+        if chunk(set()):
+            return  # it makes its deadline with every decode in
+        bound = two_step_bound(model, cfg.token_budget, self._running.values())  # type: ignore[arg-type]
+        slack = sorted((r for r in b.reqs if r.next_deadline() > due and may_step_aside(r, self._now, bound)),
+                       key=lambda r: -r.next_deadline())
+        have = b.budget - plan.num_decode_tokens
+        k = 1
+        while slack:
+            k = min(k, len(slack))
+            out = {r.request_id for r in slack[:k]}
+            n = chunk(out)
+            if n:
+                self._leave_out(b, out)
+                b.budget = plan.num_decode_tokens + max(n, have)
+                return
+            if k == len(slack):
+                return
+            k *= 2
+
+    @staticmethod
+    def _leave_out(b: StepBuilder, ids: set) -> None:
+        """Take the decodes `ids` back out of the plan: they run in a later step."""
+        plan = b.plan
+        kept = [(e, r) for e, r in zip(plan.entries, b.reqs) if e.request_id not in ids]
+        for req in b.reqs:
+            if req.request_id in ids:
+                req.in_flight = False
+        plan.num_decode_tokens -= len(b.reqs) - len(kept)
+        plan.entries[:] = [e for e, _ in kept]
+        b.reqs[:] = [r for _, r in kept]
 
     def _urgent_tokens(self, pending: list[Request], limit: float) -> int:
         """Prefill tokens per step the best-ranked request still waiting for its first
