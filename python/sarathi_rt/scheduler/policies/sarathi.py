@@ -278,12 +278,15 @@ class SarathiScheduler(Scheduler):
             step = model.predict_shape(StepShape.hybrid(n, context, len(kept), kv))  # type: ignore[union-attr]
             return n if n > 0 and self._now + -(-tokens // n) * step <= due else 0
 
-        if chunk(set()):
-            return  # it makes its deadline with every decode in
+        have = b.budget - plan.num_decode_tokens
+        if have > 0 and self._now + -(-tokens // have) * model.predict_shape(  # type: ignore[union-attr]
+                StepShape.hybrid(have, context, plan.num_decode_tokens, decode_kv)) <= due:
+            return  # it makes its deadline at the chunk the step was sized to
         bound = two_step_bound(model, cfg.token_budget, self._running.values())  # type: ignore[arg-type]
         slack = sorted((r for r in b.reqs if r.next_deadline() > due and may_step_aside(r, self._now, bound)),
                        key=lambda r: -r.next_deadline())
-        have = b.budget - plan.num_decode_tokens
+        if not slack or chunk(set()):
+            return  # nobody can step aside, or it makes its deadline at the largest chunk with every decode in
         k = 1
         while slack:
             k = min(k, len(slack))
