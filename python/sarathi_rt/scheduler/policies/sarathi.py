@@ -44,7 +44,8 @@ class SarathiScheduler(Scheduler):
     prompts arrived at.
 
     With QoS classes and qos_policy "deadline" the decodes still come first, all of
-    them; the step's time limit is the tightest of the running decodes' next-token
+    them but the slack ones that step aside for a tighter prompt (_step_aside); the
+    step's time limit is the tightest of the running decodes' next-token
     deadlines (and tbt_slo, if set), sized as above; the prefills in progress and the
     waiting requests go in one order, by deadline.DeadlineOrder (relegated requests
     last); a newcomer may be left partial while fewer than max_partial_prefills partial
