@@ -14,11 +14,13 @@ mix (Poisson arrivals, seeded):
    weaker silo saturates) (target >= 1.25x);
 3. overload at 1.5x and 2x the FCFS capacity: the chat class's deadline violations
    (target >= 10x fewer than FCFS) and the total goodput (target: not lower).
-Then the real engine on the CPU (SmolLM2-135M-Instruct, ShareGPT lengths / 16, classes
-with CPU-scale deadlines): the same three comparisons on a ladder of rates, run side by
-side in one process: at each rate the mix FCFS and deadline-aware on one engine (a
-replica of a shared pair), and the two silos (a chat-only and a batch-only engine at
-their shares of the pair's load, with their shares of its requests).
+Then the real engine on the CPU (SmolLM2-135M-Instruct, ShareGPT lengths / 16, the
+classes scaled to a full step measured first: the chat tbt is CPU_TBT_STEPS full steps,
+every other deadline in the same ratio as above): the same three comparisons on a
+ladder of rates, run side by side in one process: at each rate the mix FCFS and
+deadline-aware on one engine (a replica of a shared pair), and the two silos (a
+chat-only and a batch-only engine at their shares of the pair's load, with their shares
+of its requests); the load average is printed beside each rate.
 """
 from __future__ import annotations
 
@@ -38,8 +40,11 @@ TRACES = ("sharegpt", "arxiv")
 CLASSES = {"chat": QoSClass(ttft=2.0, tbt=0.1, priority=1), "batch": QoSClass(ttft=30.0, tbt=0.5)}
 MIX = {"chat": 0.35, "batch": 0.65}
 TIGHT = "chat"
-# CPU scale: SmolLM2-135M steps take 0.1-0.3 s on one thread of a shared 2-core machine.
-CPU_CLASSES = {"chat": QoSClass(ttft=4.0, tbt=1.0, priority=1), "batch": QoSClass(ttft=60.0, tbt=4.0)}
+# The engine's classes are these scaled to the CPU (cpu_classes): the chat class's tbt
+# becomes CPU_TBT_STEPS full steps measured on the engine, every other deadline keeps
+# its ratio to it. On an A100 a full 512-token Llama-2-7B step takes 50-70 ms, so the
+# chat tbt of 0.1 s is about 2 full steps there too.
+CPU_TBT_STEPS = 2.0
 ATTAINMENT = 0.99
 
 
@@ -106,30 +111,60 @@ def print_cell(name: str, c: Cell) -> None:
 
 
 # --------------------------------------------------------------------- engine
+def cpu_classes(full_step: float) -> dict[str, QoSClass]:
+    """CLASSES scaled so the chat tbt is CPU_TBT_STEPS steps of `full_step` seconds."""
+    scale = CPU_TBT_STEPS * full_step / CLASSES[TIGHT].tbt
+    return {k: dataclasses.replace(c, ttft=c.ttft * scale, tbt=c.tbt * scale) for k, c in CLASSES.items()}
+
+
+def full_step_seconds(engine, tokens: int, repeats: int = 3) -> float:
+    """Median seconds of a step that prefills `tokens` prompt tokens (a full step)."""
+    from sarathi_rt.sampling import SamplingParams
+
+    times = []
+    for i in range(repeats):
+        engine.add_request(f"__full_step_{i}__", [3 + (i + j) % 500 for j in range(tokens)],
+                           SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
 def engine_runs(model: str, n: int, rates: list[float], length_scale: float) -> None:
-    """At each rate: the mix on one engine, FCFS then deadline; and the two silos (a
-    chat-only and a batch-only engine at their shares of the rate)."""
+    """Side by side in one process, at each rate of the ladder: the mix on one engine
+    (a replica of a shared pair), FCFS then deadline-aware; and the two silos (a
+    chat-only and a batch-only engine at their shares of the pair's rate). The class
+    deadlines come from a full step measured first (cpu_classes); the chat misses and
+    goodput at the higher rates are the overload comparison."""
     from sarathi_rt.engine import EngineConfig, LLMEngine
     from sarathi_rt.measure.metrics import summarize
     from sarathi_rt.measure.replay import replay, warm_up
 
-    executor = None
+    budget = 256
+    plain = LLMEngine(EngineConfig(model=model, token_budget=budget, max_num_seqs=32, num_kv_blocks=512))
+    executor = plain.executor
+    warm_up(plain)
+    load = os.getloadavg()[0]
+    step = full_step_seconds(plain, budget)
+    classes = cpu_classes(step)
 
     def run(rate: float, mix: dict[str, float], qos_policy: str, num_requests: int) -> MetricsSummary:
-        nonlocal executor
-        config = EngineConfig(model=model, token_budget=256, max_num_seqs=32, num_kv_blocks=512,
-                              qos_classes=CPU_CLASSES, qos_policy=qos_policy)
+        config = EngineConfig(model=model, token_budget=budget, max_num_seqs=32, num_kv_blocks=512,
+                              qos_classes=classes, qos_policy=qos_policy)
         engine = LLMEngine(config, executor=executor)
-        executor = engine.executor
         warm_up(engine)
         work = make_workload(WorkloadConfig(num_requests=num_requests, qps=rate, lengths="sharegpt",
                                             length_scale=length_scale,
                                             max_total_tokens=2048, qos_mix=mix, seed=1))
-        return summarize(*replay(engine, work), qos_classes=CPU_CLASSES)
+        return summarize(*replay(engine, work), qos_classes=classes)
 
-    print(f"engine: {model} on the CPU, {n} requests per run, ShareGPT x{length_scale:g}; classes "
-          + ", ".join(f"{k} ttft {c.ttft:g} s tbt {c.tbt:g} s" for k, c in CPU_CLASSES.items()))
-    print("  QPS  | FCFS chat/batch attained | deadline chat/batch (relegated) | silos chat/batch | goodput F/D")
+    print(f"engine: {model} on the CPU, {n} requests per run, ShareGPT x{length_scale:g}; a full {budget}-token "
+          f"step took {step * 1e3:.0f} ms (load {load:.2f}), so the classes are "
+          + ", ".join(f"{k} ttft {c.ttft:.3g} s tbt {c.tbt:.3g} s" for k, c in classes.items()))
+    print("  QPS  | FCFS chat/batch attained | deadline chat/batch (relegated) | silos chat/batch | "
+          f"{TIGHT} misses F/D | goodput F/D | load")
     for rate in rates:
         f, d = run(rate, MIX, "fcfs", n), run(rate, MIX, "deadline", n)
         # Two replicas, shared: each gets half the load; siloed: each class its own replica.
@@ -138,9 +173,9 @@ def engine_runs(model: str, n: int, rates: list[float], length_scale: float) -> 
         print(f"  {rate:4.2f} | {f.qos['chat'].attainment:6.1%} / {f.qos['batch'].attainment:6.1%} | "
               f"{d.qos['chat'].attainment:6.1%} / {d.qos['batch'].attainment:6.1%} ({d.qos['chat'].relegated}) | "
               f"{sc.qos['chat'].attainment:6.1%} / {sb.qos['batch'].attainment:6.1%} | "
-              f"{goodput(f):.3f} / {goodput(d):.3f}")
-    if executor is not None:
-        executor.shutdown()
+              f"{violations(f)} / {violations(d)} of {f.qos[TIGHT].num_requests} | "
+              f"{goodput(f):.3f} / {goodput(d):.3f} | {os.getloadavg()[0]:.2f}")
+    executor.shutdown()
     print("  (shared at rate r = two replicas at 2r in all, each at r; the silos get 2r x each class's share)")
 
 
