@@ -14,8 +14,8 @@ mix (Poisson arrivals, seeded):
    for it (capacity = the rate at which the weaker silo saturates) (target >= 1.25x);
 3. overload at 1.5x and 2x the FCFS capacity: the chat class's deadline violations
    (target >= 10x fewer than FCFS) and the total goodput (target: not lower).
-Then the real engine on the CPU (SmolLM2-135M-Instruct, ShareGPT lengths / 16, the
-classes scaled to a full step measured first: the chat tbt is CPU_TBT_STEPS full steps,
+Then the real engine on the CPU (SmolLM2-135M-Instruct, ShareGPT lengths / 16 and the
+token budget with them, the classes scaled to a full step measured first: the chat tbt is CPU_TBT_STEPS full steps,
 every other deadline in the same ratio as above): the same three comparisons on a
 ladder of rates, run side by side in one process: at each rate the mix FCFS and
 deadline-aware on one engine (a replica of a shared pair), and the two silos (a
@@ -41,11 +41,13 @@ CLASSES = {"chat": QoSClass(ttft=2.0, tbt=0.1, priority=1), "batch": QoSClass(tt
 MIX = {"chat": 0.35, "batch": 0.65}
 TIGHT = "chat"
 # The engine's classes are these scaled to the CPU (cpu_classes): the chat class's tbt
-# becomes CPU_TBT_STEPS full steps measured on the engine, every other deadline keeps
-# its ratio to it. On an A100 a full 512-token Llama-2-7B step takes 50-70 ms, so the
-# chat tbt of 0.1 s is about 2 full steps there too.
+# becomes CPU_TBT_STEPS full steps (the token budget, scaled with the prompts) measured
+# on the engine, every other deadline keeps its ratio to it. On an A100 a full
+# 512-token Llama-2-7B step takes 50-70 ms, so the chat tbt of 0.1 s is about 2 full
+# steps there too.
 CPU_TBT_STEPS = 2.0
 ATTAINMENT = 0.99
+SIM_TOKEN_BUDGET = 512
 
 
 @dataclasses.dataclass
@@ -65,7 +67,7 @@ class Cell:
 
 
 def sched_config(num_blocks: int, qos_policy: str = "deadline") -> SchedulerConfig:
-    return SchedulerConfig(token_budget=512, max_num_seqs=128, num_blocks=num_blocks, qos_classes=CLASSES,
+    return SchedulerConfig(token_budget=SIM_TOKEN_BUDGET, max_num_seqs=128, num_blocks=num_blocks, qos_classes=CLASSES,
                            qos_policy=qos_policy)
 
 
@@ -145,8 +147,11 @@ def engine_runs(model: str, n: int, rates: list[float], length_scale: float) -> 
     from sarathi_rt.measure.metrics import summarize
     from sarathi_rt.measure.replay import replay, warm_up
 
-    budget = 256
-    plain = LLMEngine(EngineConfig(model=model, token_budget=budget, max_num_seqs=32, num_kv_blocks=512))
+    # The simulator's token budget scaled with the prompt lengths (at least 32 tokens),
+    # so a chunk is the same share of a prompt; half of it may be decodes.
+    budget = max(32, round(SIM_TOKEN_BUDGET * length_scale))
+    seqs = budget // 2
+    plain = LLMEngine(EngineConfig(model=model, token_budget=budget, max_num_seqs=seqs, num_kv_blocks=512))
     executor = plain.executor
     warm_up(plain)
     load = os.getloadavg()[0]
@@ -154,7 +159,7 @@ def engine_runs(model: str, n: int, rates: list[float], length_scale: float) -> 
     classes = cpu_classes(step)
 
     def run(rate: float, mix: dict[str, float], qos_policy: str, num_requests: int) -> MetricsSummary:
-        config = EngineConfig(model=model, token_budget=budget, max_num_seqs=32, num_kv_blocks=512,
+        config = EngineConfig(model=model, token_budget=budget, max_num_seqs=seqs, num_kv_blocks=512,
                               qos_classes=classes, qos_policy=qos_policy)
         engine = LLMEngine(config, executor=executor)
         warm_up(engine)
