@@ -72,3 +72,36 @@ def test_async_engine_takes_a_class(plain) -> None:
         return await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
 
     assert asyncio.run(main()) == plain
+
+
+def test_decodes_that_step_aside_give_the_same_tokens(plain) -> None:
+    """Batch requests are decoding when a chat prompt arrives that, priced by a
+    step-time model of 1 s a token, misses its first-token deadline unless they step
+    aside (their deadlines are far): they do, and every request's greedy tokens are the
+    same as without classes."""
+    from sarathi_rt.engine import EngineConfig, LLMEngine
+    from sarathi_rt.sim.cost import LinearCostModel
+
+    classes = {"chat": QoSClass(ttft=40.0, tbt=50.0, priority=1), "batch": QoSClass(ttft=5000.0, tbt=1000.0)}
+    engine = LLMEngine(EngineConfig(model="tiny", qos_classes=classes, **{**OPTS, "chunk_size": 32}))
+    engine.scheduler.step_time_model = LinearCostModel(fixed_s=0.0, per_token_s=1.0)
+    left_out = []
+    leave_out = engine.scheduler._leave_out
+    engine.scheduler._leave_out = lambda b, ids: (left_out.append(set(ids)), leave_out(b, ids))
+    outs: dict[int, list[int]] = {}
+
+    def run_until(done) -> None:
+        while not done():
+            for o in engine.step():
+                if o.finished:
+                    outs[o.request_id] = list(o.token_ids)
+
+    batch = [0, 1, 2, 4, 5]
+    for i in batch:
+        engine.add_request(i, PROMPTS[i], GREEDY, qos="batch")
+    run_until(lambda: all(engine.scheduler.request_info(i).num_generated for i in batch))
+    # 32 tokens: 2 steps of 32 s beside the 5 decodes (27 prefill tokens each), 1 without
+    engine.add_request(3, PROMPTS[3], GREEDY, qos="chat")
+    run_until(lambda: not engine.has_unfinished())
+    assert left_out and all(ids <= set(batch) for ids in left_out)
+    assert [outs[i] for i in range(6)] == plain
