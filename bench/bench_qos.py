@@ -15,12 +15,12 @@ mix (Poisson arrivals, seeded):
 3. overload at 1.5x and 2x the FCFS capacity: the chat class's deadline violations
    (target >= 10x fewer than FCFS) and the total goodput (target: not lower).
 Then the real engine on the CPU (SmolLM2-135M-Instruct, ShareGPT lengths / 16 and the
-token budget with them, the classes scaled to a full step measured first: the chat tbt is CPU_TBT_STEPS full steps,
-every other deadline in the same ratio as above): the same three comparisons on a
-ladder of rates, run side by side in one process: at each rate the mix FCFS and
-deadline-aware on one engine (a replica of a shared pair), and the two silos (a
-chat-only and a batch-only engine at their shares of the pair's load, with their shares
-of its requests); the load average is printed beside each rate.
+token budget with them; the classes scaled to a full step measured before each rate: the
+chat tbt is CPU_TBT_STEPS full steps, every other deadline in the same ratio as above):
+the same three comparisons on a ladder of rates, side by side in one process: at each
+rate the mix FCFS and deadline-aware on one engine (a replica of a shared pair), and the
+two silos (a chat-only and a batch-only engine, deadline-aware, at their shares of the
+pair's load, with their shares of its requests), with the load average beside it.
 """
 from __future__ import annotations
 
@@ -140,9 +140,11 @@ def full_step_seconds(engine, tokens: int, repeats: int = 3) -> float:
 def engine_runs(model: str, n: int, rates: list[float], length_scale: float) -> None:
     """Side by side in one process, at each rate of the ladder: the mix on one engine
     (a replica of a shared pair), FCFS then deadline-aware; and the two silos (a
-    chat-only and a batch-only engine at their shares of the pair's rate). The class
-    deadlines come from a full step measured first (cpu_classes); the chat misses and
-    goodput at the higher rates are the overload comparison."""
+    chat-only and a batch-only engine at their shares of the pair's rate, deadline-aware:
+    the better policy for a silo in every simulated cell). Before each rate a full step
+    is measured and the classes scaled to it (cpu_classes), so that the deadlines follow
+    the shared machine's speed; the chat misses and goodput at the higher rates are the
+    overload comparison."""
     from sarathi_rt.engine import EngineConfig, LLMEngine
     from sarathi_rt.measure.metrics import summarize
     from sarathi_rt.measure.replay import replay, warm_up
@@ -154,11 +156,9 @@ def engine_runs(model: str, n: int, rates: list[float], length_scale: float) -> 
     plain = LLMEngine(EngineConfig(model=model, token_budget=budget, max_num_seqs=seqs, num_kv_blocks=512))
     executor = plain.executor
     warm_up(plain)
-    load = os.getloadavg()[0]
-    step = full_step_seconds(plain, budget)
-    classes = cpu_classes(step)
 
-    def run(rate: float, mix: dict[str, float], qos_policy: str, num_requests: int) -> MetricsSummary:
+    def run(rate: float, mix: dict[str, float], qos_policy: str, num_requests: int,
+            classes: dict[str, QoSClass]) -> MetricsSummary:
         config = EngineConfig(model=model, token_budget=budget, max_num_seqs=seqs, num_kv_blocks=512,
                               qos_classes=classes, qos_policy=qos_policy)
         engine = LLMEngine(config, executor=executor)
@@ -168,17 +168,21 @@ def engine_runs(model: str, n: int, rates: list[float], length_scale: float) -> 
                                             max_total_tokens=2048, qos_mix=mix, seed=1))
         return summarize(*replay(engine, work), qos_classes=classes)
 
-    print(f"engine: {model} on the CPU, {n} requests per run, ShareGPT x{length_scale:g}; a full {budget}-token "
-          f"step took {step * 1e3:.0f} ms (load {load:.2f}), so the classes are "
-          + ", ".join(f"{k} ttft {c.ttft:.3g} s tbt {c.tbt:.3g} s" for k, c in classes.items()))
-    print("  QPS  | FCFS chat/batch attained | deadline chat/batch (relegated) | silos chat/batch | "
-          f"{TIGHT} misses F/D | goodput F/D | load")
+    print(f"engine: {model} on the CPU, {n} requests per run, ShareGPT x{length_scale:g}, token budget {budget}; "
+          f"classes scaled to a full {budget}-token step measured before each rate (chat tbt = "
+          f"{CPU_TBT_STEPS:g} steps, chat ttft {CLASSES[TIGHT].ttft / CLASSES[TIGHT].tbt:g} x its tbt)")
+    print("  QPS  | step ms (load) | FCFS chat/batch attained | deadline chat/batch (relegated) | silos chat/batch | "
+          f"{TIGHT} misses F/D | goodput F/D | load after")
     for rate in rates:
-        f, d = run(rate, MIX, "fcfs", n), run(rate, MIX, "deadline", n)
+        load = os.getloadavg()[0]
+        step = full_step_seconds(plain, budget)
+        classes = cpu_classes(step)
+        f, d = run(rate, MIX, "fcfs", n, classes), run(rate, MIX, "deadline", n, classes)
         # Two replicas, shared: each gets half the load; siloed: each class its own replica.
-        sc = run(2 * rate * MIX["chat"], {"chat": 1.0}, "fcfs", max(1, round(2 * n * MIX["chat"])))
-        sb = run(2 * rate * MIX["batch"], {"batch": 1.0}, "fcfs", max(1, round(2 * n * MIX["batch"])))
-        print(f"  {rate:4.2f} | {f.qos['chat'].attainment:6.1%} / {f.qos['batch'].attainment:6.1%} | "
+        sc = run(2 * rate * MIX["chat"], {"chat": 1.0}, "deadline", max(1, round(2 * n * MIX["chat"])), classes)
+        sb = run(2 * rate * MIX["batch"], {"batch": 1.0}, "deadline", max(1, round(2 * n * MIX["batch"])), classes)
+        print(f"  {rate:4.2f} | {step * 1e3:5.0f} ({load:4.1f}) | "
+              f"{f.qos['chat'].attainment:6.1%} / {f.qos['batch'].attainment:6.1%} | "
               f"{d.qos['chat'].attainment:6.1%} / {d.qos['batch'].attainment:6.1%} ({d.qos['chat'].relegated}) | "
               f"{sc.qos['chat'].attainment:6.1%} / {sb.qos['batch'].attainment:6.1%} | "
               f"{violations(f)} / {violations(d)} of {f.qos[TIGHT].num_requests} | "
