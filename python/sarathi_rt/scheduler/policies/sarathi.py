@@ -296,6 +296,8 @@ class SarathiScheduler(Scheduler):
             if n:
                 self._leave_out(b, out)
                 b.budget = plan.num_decode_tokens + max(n, have)
+                if self._chunk_limit is not None:  # the cache binds: let the prompt take what it needs
+                    self._chunk_limit = max(self._chunk_limit, n)
                 return
             if k == len(slack):
                 return
