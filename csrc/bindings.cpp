@@ -231,12 +231,16 @@ py::tuple plan_capacity(int64_t max_batch, int64_t max_tokens, int64_t num_q_hea
                         c.total_words());
 }
 
-py::dict plan_stats(uintptr_t buffer, CapacityTuple capacity) {
-  const AttentionPlanStats s = attention_plan_stats(ptr<const int32_t>(buffer), make_capacity(capacity));
+py::dict plan_stats(uintptr_t buffer, CapacityTuple capacity, int64_t head_dim) {
+  const AttentionPlanStats s = attention_plan_stats(ptr<const int32_t>(buffer), make_capacity(capacity), head_dim);
   return py::dict(py::arg("num_items") = s.num_items, py::arg("num_splits") = s.num_splits,
                   py::arg("num_partials") = s.num_partials, py::arg("partial_rows") = s.partial_rows,
-                  py::arg("max_load") = s.max_load,
+                  py::arg("partial_bytes") = s.partial_bytes, py::arg("max_load") = s.max_load,
                   py::arg("total_load") = s.total_load);
+}
+
+int64_t partial_bytes(int64_t kernel, int64_t head_dim, int64_t partial_rows) {
+  return attention_partial_bytes(make_capacity({0, 0, 0, 1, kernel}).kernel, head_dim, partial_rows);
 }
 
 void build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k, uintptr_t block_tables,
@@ -424,8 +428,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("attention_plan_capacity", &plan_capacity, py::arg("max_batch"), py::arg("max_tokens"),
         py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("num_ctas"), py::arg("kernel"),
         "(max_items, max_merges, max_partial_rows, num_ctas, kernel, total_words) of a hybrid-attention plan.");
-  m.def("attention_plan_stats", &plan_stats, py::arg("buffer"), py::arg("capacity"),
-        "Per-worker loads of a built plan under the planner's cost model.");
+  m.def("attention_plan_stats", &plan_stats, py::arg("buffer"), py::arg("capacity"), py::arg("head_dim"),
+        "Per-worker loads of a built plan under the planner's cost model, and the partial-pool bytes it needs.");
+  m.def("attention_partial_bytes", &partial_bytes, py::arg("kernel"), py::arg("head_dim"), py::arg("partial_rows"),
+        "Bytes of the partial-result pool that many partial rows take in that kernel's layout.");
   m.def("cpu_attention_workers", &cpu_attention_workers, "Default worker bins of a CPU attention plan.");
   m.def("build_attention_plan", &build_plan, py::arg("buffer"), py::arg("cu_seqlens_q"),
         py::arg("seqlens_k"), py::arg("block_tables"), py::arg("batch"), py::arg("total_q"), py::arg("num_q_heads"),

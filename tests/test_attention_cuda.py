@@ -151,7 +151,8 @@ def test_planned_step_replays_in_a_cuda_graph() -> None:
     second = make_batch([(1, 2000), (31, 31), (32, 900)], **shapes, seed=2)  # same batch and token counts
     static = make_batch([(1, 2000), (31, 31), (32, 900)], **shapes, seed=3)
     plan = ops.AttentionPlan(max_batch=3, max_tokens=64, num_q_heads=8, num_kv_heads=2, head_dim=128,
-                             device="cuda", dtype=torch.bfloat16)
+                             device="cuda", dtype=torch.bfloat16).reserve_partials()  # the graph keeps its address
+    pool = (plan.partial_out.data_ptr(), plan.partial_lse.data_ptr())
 
     def load(src) -> None:
         for name in ("q", "k_cache", "v_cache", "cu_seqlens_q", "seqlens_k", "block_tables"):
@@ -170,6 +171,7 @@ def test_planned_step_replays_in_a_cuda_graph() -> None:
         ops.hybrid_attention(*static.args(), plan=plan, out=out)
     for src in (first, second):
         load(src)
+        assert (plan.partial_out.data_ptr(), plan.partial_lse.data_ptr()) == pool
         graph.replay()
         torch.cuda.synchronize()
         _assert_close_to_reference(out, src)

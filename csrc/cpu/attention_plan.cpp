@@ -264,7 +264,15 @@ Status build_attention_plan(const AttentionPlanInputs& in, const AttentionPlanCa
   return Status::Ok();
 }
 
-AttentionPlanStats attention_plan_stats(const int32_t* buffer, const AttentionPlanCapacity& cap) {
+int64_t attention_partial_row_floats(AttentionKernel kernel, int64_t head_dim) {
+  return kernel == AttentionKernel::kCuda ? head_dim + 1 : ceil_div(head_dim, kCpuVectorLanes) * kCpuVectorLanes + 2;
+}
+
+int64_t attention_partial_bytes(AttentionKernel kernel, int64_t head_dim, int64_t partial_rows) {
+  return partial_rows * attention_partial_row_floats(kernel, head_dim) * static_cast<int64_t>(sizeof(float));
+}
+
+AttentionPlanStats attention_plan_stats(const int32_t* buffer, const AttentionPlanCapacity& cap, int64_t head_dim) {
   const AttentionTarget t = attention_target(cap.kernel, cap.num_ctas);
   const int32_t* begin = buffer + cap.cta_begin_offset();
   const auto* items = reinterpret_cast<const AttentionWorkItem*>(buffer + cap.items_offset());
@@ -272,6 +280,7 @@ AttentionPlanStats attention_plan_stats(const int32_t* buffer, const AttentionPl
   s.num_items = buffer[kPlanNumItems];
   s.num_splits = buffer[kPlanNumMerges];
   s.partial_rows = buffer[kPlanNumPartialRows];
+  s.partial_bytes = attention_partial_bytes(cap.kernel, head_dim, s.partial_rows);
   const auto* merges = reinterpret_cast<const AttentionMergeItem*>(buffer + cap.merges_offset());
   for (int64_t m = 0; m < s.num_splits; ++m) s.num_partials += merges[m].num_partials;
   for (int64_t w = 0; w < cap.num_ctas; ++w) {

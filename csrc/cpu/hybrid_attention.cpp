@@ -35,6 +35,7 @@ using cpu::kLanes;
 using cpu::vf;
 
 constexpr int64_t kKeyChunk = 2 * kLanes;  // keys per online-softmax step
+static_assert(kLanes == kCpuVectorLanes, "the planner sizes CPU partial rows by kCpuVectorLanes");
 constexpr int64_t kRowBlock = 4;           // rows sharing each loaded key/value vector
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kKeysPerChunk % kKeyChunk == 0, "split pieces must start on a softmax step");
@@ -54,7 +55,7 @@ struct ItemRows {
 // Sizes shared by every item of one call.
 struct Shape {
   int64_t group, dim, dim_padded, max_rows;
-  int64_t partial_floats() const { return dim_padded + 2; }  // per partial row: acc, max, sum
+  int64_t partial_floats() const { return attention_partial_row_floats(AttentionKernel::kCpu, dim); }
 };
 
 // Per-thread buffers, zeroed once: only lanes d < dim of q are ever written, so its

@@ -39,8 +39,10 @@
 // 0.5..2 (see bench/RESULTS.md for the last measured fit). Outside that, change the
 // constants in attention_target(), nothing else.
 //
-// Every array has a capacity fixed when the plan is created, so the device buffers never
-// move and a planned step can be captured in a CUDA graph.
+// The work list has a capacity fixed when the plan is created, so its device buffer never
+// moves. The partial-result pool is sized from each plan (attention_partial_bytes): it is
+// the caller's buffer (python/sarathi_rt/ops/attention_plan.py says how it grows and what
+// a CUDA graph capture needs).
 #pragma once
 
 #include <cstdint>
@@ -60,10 +62,12 @@ constexpr int32_t kMinSplitChunks = 4;   // a CUDA split piece covers at least t
 constexpr int32_t kCpuDirectRows = 8;    // CPU: rows per KV head up to which pages are read directly
 constexpr int32_t kCpuMinSplitChunks = 16;  // CPU: a split piece covers at least 1024 keys
 // Split pieces per worker (bounds items and merges) and partial rows per worker (bounds the
-// partial pool): the planner only picks splits that fit, and a batch needing more pieces
-// than this per worker is already balanced by its unsplit tiles.
+// rows a plan may use; the pool holds what the plan uses, see attention_partial_bytes):
+// the planner only picks splits that fit, and a batch needing more pieces than this per
+// worker is already balanced by its unsplit tiles.
 constexpr int64_t kMaxPiecesPerWorker = 32;
 constexpr int64_t kPartialRowsPerWorker = 512;
+constexpr int64_t kCpuVectorLanes = 16;  // the CPU kernel pads head_dim to this many floats
 
 enum class TileKind : int32_t { kNarrow = 0, kWide = 1 };
 enum class AttentionKernel : int32_t { kCuda = 0, kCpu = 1 };
@@ -179,16 +183,27 @@ struct AttentionPlanInputs {
 // is within 1% of the mean.
 Status build_attention_plan(const AttentionPlanInputs& in, const AttentionPlanCapacity& cap, int32_t* buffer);
 
+// Float32 values one partial row holds in `kernel`'s pool. CUDA: the piece's normalized
+// output (head_dim) in partial_out plus its log-sum-exp in partial_lse. CPU: the unnormalized
+// accumulator padded to kCpuVectorLanes, then the running max and sum.
+int64_t attention_partial_row_floats(AttentionKernel kernel, int64_t head_dim);
+
+// Bytes of the partial pool a plan with `partial_rows` rows (its kPlanNumPartialRows) needs:
+// what the caller allocates for this plan, far below the capacity's max_partial_rows for
+// most batches (a batch with no split tile needs none).
+int64_t attention_partial_bytes(AttentionKernel kernel, int64_t head_dim, int64_t partial_rows);
+
 // The planner's cost model applied to a built plan: per-worker loads.
 struct AttentionPlanStats {
   int64_t num_items = 0;
   int64_t num_splits = 0;  // tiles cut into pieces (one merge each)
   int64_t num_partials = 0;  // split pieces
-  int64_t partial_rows = 0;  // rows of the partial pool they use (head_dim + 1 floats each)
+  int64_t partial_rows = 0;  // rows of the partial pool they use
+  int64_t partial_bytes = 0;  // attention_partial_bytes of those rows at the stats' head_dim
   int64_t max_load = 0;    // the costliest worker
   int64_t total_load = 0;  // all workers
 };
-AttentionPlanStats attention_plan_stats(const int32_t* buffer, const AttentionPlanCapacity& cap);
+AttentionPlanStats attention_plan_stats(const int32_t* buffer, const AttentionPlanCapacity& cap, int64_t head_dim);
 
 // The CPU kernel running a plan built for AttentionKernel::kCpu (host buffer). Checks
 // the indices and that every item lies inside this call's batch, so a stale plan is an
@@ -203,8 +218,9 @@ namespace sarathi_rt {
 
 // One planned step on the GPU. `p` holds device pointers (its cu_seqlens_q and seqlens_k
 // are not read: the plan carries what the kernel needs); `plan` is the device copy of
-// the buffer build_attention_plan filled. partial_out [max_partial_rows, head_dim] and
-// partial_lse [max_partial_rows] (float32) hold split pieces until they are merged.
+// the buffer build_attention_plan filled. partial_out [rows, head_dim] and partial_lse
+// [rows] (float32, rows >= the plan's kPlanNumPartialRows) hold split pieces until they
+// are merged; a plan with no split tile reads neither.
 struct PlannedAttentionArgs {
   const int32_t* plan = nullptr;
   AttentionPlanCapacity capacity{};

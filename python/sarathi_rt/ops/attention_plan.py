@@ -4,10 +4,12 @@
 work list of an attention kernel: prefill tiles, decode tiles and split-KV pieces with
 the merges that combine them, balanced so that no worker (a CTA of the CUDA kernel, a
 share of the CPU threads) carries much more than its share. One planner serves both
-kernels; `kernel` says which one will run the plan (default: the device's). The buffers
-have a capacity fixed at construction (from max_batch and max_tokens), so their device
-addresses never change and a planned step can be captured in a CUDA graph: call
-`plan.update(...)` before each replay, outside the graph.
+kernels; `kernel` says which one will run the plan (default: the device's). The work list
+has a capacity fixed at construction (from max_batch and max_tokens), so its device
+address never changes; the CUDA kernel's partial-result pool is sized from the plans
+(see AttentionPlan). To capture a planned step in a CUDA graph, call
+`plan.reserve_partials()` once before capturing and `plan.update(...)` before each replay,
+outside the graph.
 """
 from __future__ import annotations
 
@@ -88,11 +90,19 @@ class AttentionPlan:
         on_cuda = self.device.type == "cuda"
         self._host = torch.zeros(self.capacity.total_words, dtype=torch.int32, pin_memory=on_cuda)
         self.buffer = torch.zeros_like(self._host, device=self.device) if on_cuda else self._host
-        # Split pieces of the CUDA kernel wait here for their merge, one row per query row
-        # of a piece; the CPU kernel allocates exactly the rows each plan uses.
-        rows = self.capacity.max_partial_rows if on_cuda else 0
-        self.partial_out = torch.empty(rows, head_dim, dtype=torch.float32, device=self.device)
-        self.partial_lse = torch.empty(rows, dtype=torch.float32, device=self.device)
+        # Split pieces of the CUDA kernel wait here for their merge: partial_out and
+        # partial_lse, one row per query row of a piece. The pool is sized from the plans,
+        # not from the capacity's worst case (max_partial_rows, 512 rows per CTA: 69 MB at
+        # 264 CTAs and head_dim 128, while most batches split nothing or a few tiles):
+        # update() grows it to the rows its plan uses and never shrinks it, so it holds what
+        # the largest batch so far needed. Grow-only rather than a fresh tensor per step:
+        # no allocation on the step's path, and addresses that move only when a batch needs
+        # more rows than any before. A CUDA graph bakes addresses in, so a caller that
+        # captures one calls reserve_partials() first (the pool then holds the worst case and
+        # never moves); the engine runs its steps eagerly (ModelRunner captures no graph),
+        # so its pool follows the batches. The CPU kernel allocates each plan's rows per call.
+        self.partial_out = torch.empty(0, head_dim, dtype=torch.float32, device=self.device)
+        self.partial_lse = torch.empty(0, dtype=torch.float32, device=self.device)
         # The pinned host buffer may not be rewritten while its last copy is in flight.
         self._copied = torch.cuda.Event() if on_cuda else None
         self.batch = -1  # geometry of the last update; -1 until the first one
@@ -139,6 +149,8 @@ class AttentionPlan:
         _C.build_attention_plan(self._host.data_ptr(), host["cu_seqlens_q"].data_ptr(), host["seqlens_k"].data_ptr(),
                                 host["block_tables"].data_ptr(), batch, total_q, self.num_q_heads,
                                 block_tables.shape[1], tuple(k_cache.shape), self.capacity.as_list())
+        if self.kernel == "cuda":
+            self._grow_partials(self.partial_rows)
         if self._copied is not None:
             # The copy runs on the plan's device's current stream (whichever device is
             # current), so that is where its end is recorded.
@@ -148,6 +160,21 @@ class AttentionPlan:
         self.max_blocks_per_seq = block_tables.shape[1]
         self.cache_shape = tuple(k_cache.shape)
         return self
+
+    def reserve_partials(self) -> AttentionPlan:
+        """Grows the CUDA kernel's partial-result pool to the capacity's worst case
+        (max_partial_rows), so that no later update() moves it: call it before capturing a
+        planned step in a CUDA graph. CPU-kernel plans hold no pool. Returns self."""
+        if self.kernel == "cuda":
+            self._grow_partials(self.capacity.max_partial_rows)
+        return self
+
+    def _grow_partials(self, rows: int) -> None:
+        # The previous pool goes back to the caching allocator, which hands it out again only
+        # after the work already queued on this stream (the plan's stream) has used it.
+        if rows > self.partial_out.shape[0]:
+            self.partial_out = torch.empty(rows, self.head_dim, dtype=torch.float32, device=self.device)
+            self.partial_lse = torch.empty(rows, dtype=torch.float32, device=self.device)
 
     def check_matches(self, q: torch.Tensor, k_cache: torch.Tensor, seqlens_k: torch.Tensor,
                       block_tables: torch.Tensor) -> None:
@@ -184,19 +211,23 @@ class AttentionPlan:
         into key ranges), num_partials (their pieces), num_workers, max_load / mean_load
         (cost of the costliest / an average worker), load_efficiency = mean_load / max_load
         (low for a batch too small to fill the workers: that is the truth, not a bug), and
-        the partial-result memory: partial_rows and partial_bytes this batch uses
-        (head_dim + 1 float32 each), partial_capacity_bytes the plan holds for any batch
-        (0 on the CPU, whose kernel allocates partial_bytes per call)."""
+        the partial-result memory in the kernel's layout: partial_rows and partial_bytes
+        this batch uses (CUDA: head_dim + 1 float32 per row), partial_pool_bytes the plan
+        holds now (CUDA: the largest batch so far, or partial_max_bytes after
+        reserve_partials(); 0 on the CPU, whose kernel allocates partial_bytes per call),
+        and partial_max_bytes, the most any batch within the capacity may use."""
         if self.batch < 0:
             raise ValueError("plan has not been updated with a batch yet (call plan.update)")
-        s = _C.attention_plan_stats(self._host.data_ptr(), self.capacity.as_list())
+        s = _C.attention_plan_stats(self._host.data_ptr(), self.capacity.as_list(), self.head_dim)
         mean = s["total_load"] / self.capacity.num_ctas
-        row_bytes = 4 * (self.head_dim + 1)
+        pool_bytes = 4 * (self.partial_out.numel() + self.partial_lse.numel())
         return {"num_items": s["num_items"], "num_splits": s["num_splits"], "num_partials": s["num_partials"],
                 "num_workers": self.capacity.num_ctas, "max_load": s["max_load"], "mean_load": mean,
                 "load_efficiency": mean / s["max_load"] if s["max_load"] else 1.0,
-                "partial_rows": s["partial_rows"], "partial_bytes": s["partial_rows"] * row_bytes,
-                "partial_capacity_bytes": self.partial_out.shape[0] * row_bytes}
+                "partial_rows": s["partial_rows"], "partial_bytes": s["partial_bytes"],
+                "partial_pool_bytes": pool_bytes,
+                "partial_max_bytes": _C.attention_partial_bytes(self.capacity.kernel, self.head_dim,
+                                                                self.capacity.max_partial_rows)}
 
     def work_items(self) -> torch.Tensor:
         """[num_items, len(ITEM_FIELDS)] int32, grouped by CTA in launch order."""
