@@ -88,38 +88,73 @@ struct Candidate {
   }
 };
 
-// Cuts every tile that costs more than `piece_cost` into key ranges of near-equal whole
-// chunks (sizes differ by at most one chunk; the last one ends at the tile's last key),
-// none shorter than min_split_chunks chunks. False when the pieces would not fit the
-// plan's capacity.
-bool split_tiles(const std::vector<AttentionWorkItem>& tiles, const AttentionTarget& t, int64_t piece_cost,
-                 const AttentionPlanCapacity& cap, Candidate& c) {
-  int64_t num_pieces = 0;
-  for (const auto& tile : tiles) {
+// How a piece cost cuts the tiles, counted before any item is written: every tile that
+// costs more than `piece_cost` becomes that many key ranges (never shorter than
+// min_split_chunks chunks), and the candidate's size, partial rows and load bounds follow.
+struct SplitCounts {
+  std::vector<int32_t> pieces;  // per tile; 1 = kept whole
+  int64_t num_items = 0;
+  int64_t num_pieces = 0;    // items of cut tiles
+  int64_t num_merges = 0;    // cut tiles
+  int64_t partial_rows = 0;
+  int64_t total_load = 0;    // every cut adds one item_cost to the tiles' total
+  int64_t max_item = 0;      // the costliest item: its worker carries at least this much
+};
+
+SplitCounts count_splits(const std::vector<AttentionWorkItem>& tiles, const AttentionTarget& t, int64_t piece_cost) {
+  SplitCounts n;
+  n.pieces.resize(tiles.size());
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const AttentionWorkItem& tile = tiles[i];
     const int64_t chunks = ceil_div(tile.kv_end, t.key_chunk);
-    const int64_t pieces = std::min(ceil_div(item_cost(t, tile), piece_cost), chunks / t.min_split_chunks);
-    if (pieces <= 1) {
+    const int64_t cost = item_cost(t, tile);
+    const int64_t pieces = std::max<int64_t>(1, std::min(ceil_div(cost, piece_cost), chunks / t.min_split_chunks));
+    n.pieces[i] = static_cast<int32_t>(pieces);
+    n.num_items += pieces;
+    n.total_load += cost + (pieces - 1) * t.item_cost;
+    // Pieces differ by at most one chunk: the longest has ceil(chunks / pieces).
+    n.max_item = std::max(n.max_item, pieces == 1 ? cost : ceil_div(chunks, pieces) * chunk_cost(t, tile) + t.item_cost);
+    if (pieces > 1) {
+      n.num_pieces += pieces;
+      n.num_merges += 1;
+      n.partial_rows += pieces * tile.num_heads * tile.num_rows;
+    }
+  }
+  return n;
+}
+
+// Whether the cut fits the plan's capacity (the planner only picks splits that fit).
+bool fits(const SplitCounts& n, const AttentionTarget& t, const AttentionPlanCapacity& cap) {
+  return n.partial_rows <= cap.max_partial_rows && n.num_pieces <= kMaxPiecesPerWorker * t.num_workers &&
+         n.num_merges <= cap.max_merges && n.num_items <= cap.max_items;
+}
+
+// Writes the counted cut: near-equal whole chunks per piece (sizes differ by at most one
+// chunk; the last one ends at the tile's last key), each piece with its partial rows.
+void split_tiles(const std::vector<AttentionWorkItem>& tiles, const AttentionTarget& t, const SplitCounts& n,
+                 Candidate& c) {
+  c.items.reserve(static_cast<size_t>(n.num_items));
+  c.merges.reserve(static_cast<size_t>(n.num_merges));
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const AttentionWorkItem& tile = tiles[i];
+    const int64_t pieces = n.pieces[i];
+    if (pieces == 1) {
       c.items.push_back(tile);
       continue;
     }
+    const int64_t chunks = ceil_div(tile.kv_end, t.key_chunk);
     const int64_t rows = static_cast<int64_t>(tile.num_heads) * tile.num_rows;
-    num_pieces += pieces;
-    if (c.partial_rows + pieces * rows > cap.max_partial_rows || num_pieces > kMaxPiecesPerWorker * t.num_workers ||
-        static_cast<int64_t>(c.merges.size()) >= cap.max_merges) {
-      return false;
-    }
     c.merges.push_back({tile.q_token0, tile.kv_head, tile.num_heads, tile.row_begin, tile.num_rows,
                         static_cast<int32_t>(c.partial_rows), static_cast<int32_t>(pieces)});
-    for (int64_t i = 0; i < pieces; ++i) {
+    for (int64_t p = 0; p < pieces; ++p) {
       AttentionWorkItem piece = tile;
-      piece.kv_begin = static_cast<int32_t>(i * chunks / pieces * t.key_chunk);
-      piece.kv_end = i + 1 == pieces ? tile.kv_end : static_cast<int32_t>((i + 1) * chunks / pieces * t.key_chunk);
+      piece.kv_begin = static_cast<int32_t>(p * chunks / pieces * t.key_chunk);
+      piece.kv_end = p + 1 == pieces ? tile.kv_end : static_cast<int32_t>((p + 1) * chunks / pieces * t.key_chunk);
       piece.partial = static_cast<int32_t>(c.partial_rows);
       c.partial_rows += rows;
       c.items.push_back(piece);
     }
   }
-  return static_cast<int64_t>(c.items.size()) <= cap.max_items;
 }
 
 // Longest-processing-time-first onto the workers (ties go to the lower index). Gives up,
@@ -250,13 +285,22 @@ Status build_attention_plan(const AttentionPlanInputs& in, const AttentionPlanCa
     assign_to_workers(t, whole, std::numeric_limits<int64_t>::max());
     const int64_t total = whole.total_load;  // piece sizes are shares of the unsplit work
     if (!have_best || whole.better_than(best)) best = std::move(whole), have_best = true;
-    size_t last_size = tiles.size();
+    int64_t last_size = static_cast<int64_t>(tiles.size());
     for (int64_t k : kPieceSteps) {
       if (good_enough(best.max_load, best.total_load, t.num_workers)) break;
+      const SplitCounts n = count_splits(tiles, t, std::max<int64_t>(1, ceil_div(total, k * t.num_workers)));
+      if (!fits(n, t, cap)) break;  // finer cuts need more
+      if (n.num_items == last_size) continue;
+      last_size = n.num_items;
+      // No assignment beats total / workers nor its costliest item. Finer cuts only add
+      // item_cost to the total, so once the mean exceeds the best max load nothing finer
+      // can win (this ends the search on most batches long before the finest steps, whose
+      // thousands of pieces cost the most to assign); a costliest item above it rules out
+      // only this cut. Both bounds are exact: they skip no candidate that could win.
+      if (ceil_div(n.total_load, t.num_workers) > best.max_load) break;
+      if (n.max_item > best.max_load) continue;
       Candidate c;
-      if (!split_tiles(tiles, t, std::max<int64_t>(1, ceil_div(total, k * t.num_workers)), cap, c)) break;
-      if (c.items.size() == last_size) continue;
-      last_size = c.items.size();
+      split_tiles(tiles, t, n, c);
       if (assign_to_workers(t, c, best.max_load + 1) && c.better_than(best)) best = std::move(c);
     }
   }

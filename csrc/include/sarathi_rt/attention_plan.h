@@ -180,7 +180,10 @@ struct AttentionPlanInputs {
 // for k = 1, 2, 3, 4, 6, 8, ... (so pieces fill whole waves of workers), each candidate is
 // assigned longest first to the least loaded worker, and the one with the lowest max load
 // wins (ties: fewer partial rows, then fewer items). The search stops once the max load
-// is within 1% of the mean.
+// is within 1% of the mean, or once a cut's mean load (which finer cuts only raise: each
+// piece adds item_cost) exceeds the best max load; a cut whose costliest item exceeds it
+// is skipped. Both bounds only skip cuts that cannot win, so they change no plan, only
+// the host time (they drop the finest cuts, thousands of pieces to assign).
 Status build_attention_plan(const AttentionPlanInputs& in, const AttentionPlanCapacity& cap, int32_t* buffer);
 
 // Float32 values one partial row holds in `kernel`'s pool. CUDA: the piece's normalized
