@@ -24,6 +24,7 @@ status=0
 # --summary (see bench/device_summary.py for the keys).
 BENCHES=(
   bench/bench_attention_gpu.py
+  bench/bench_attention_cost.py
   bench/bench_gemm_gpu.py
 )
 

@@ -28,6 +28,7 @@ EXPECT = {
     "bench_adaptive_budget.py": r"worst cell:",
     "bench_adaptive_budget_engine.py": r"adaptive step-time forecasts",
     "bench_attention.py": r"mixed speedup .*x",
+    "bench_attention_cost.py": r"chunk_wide / chunk_narrow",
     "bench_attention_gpu.py": r"load efficiency",
     "bench_e2e_cpu.py": r"ratio: .*x",
     "bench_gemm_gpu.py": r"skipped, no CUDA device|M >= 256: median ratio",

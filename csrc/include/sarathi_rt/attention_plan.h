@@ -33,10 +33,12 @@
 //   a head's keys and values plus 1 per row (one dot product and one axpy per key), and
 //   an item 16 (scratch setup); fitted on bench_attention's mixed batch.
 // Only ratios matter: the planner minimizes the costliest worker. How this is checked on
-// a GPU: bench/device_check.sh times the planned kernel on batches of one item kind per
-// CTA (all narrow or all wide, 1..64 chunks each) and fits time = a + b * chunks per kind;
-// the model holds while b_wide / b_narrow stays within 1.5..2.5 and a / b_narrow within
-// 0.5..2 (see bench/RESULTS.md for the last measured fit). Outside that, change the
+// a GPU: bench/bench_attention_cost.py (run by bench/device_check.sh) times the planned
+// kernel, in a CUDA graph, on batches of one item kind (all narrow or all wide), 1..64
+// chunks per item and 1 or 4 items per CTA, and fits time = launch + a * items + b * chunks
+// per kind over the costliest CTA; the model holds while b_wide / b_narrow stays within
+// 1.5..2.5 and a / b_narrow within 0.5..2, the ratios its summary rows print against the
+// model's own (see bench/RESULTS.md for the last measured fit). Outside that, change the
 // constants in attention_target(), nothing else.
 //
 // The work list has a capacity fixed when the plan is created, so its device buffer never
