@@ -6,7 +6,9 @@ partial rows and bytes, load efficiency (mean / max worker cost under the planne
 model) and the host time of one plan update (median). Then the distribution of the
 property test (tests/test_attention_plan_property.py: random decode-only and mixed
 batches, six head layouts): min, p5 and median load efficiency per CTA count, over the
-batches with >= 4096 key-head pairs per CTA (target: p5 >= 0.90, min >= 0.80).
+batches with >= 4096 key-head pairs per CTA (target: p5 >= 0.90, min >= 0.80), and the
+partial-result memory each plan needs (its CUDA pool) against the fixed pool of 512 rows
+per CTA every plan held before.
 
     python bench/bench_attention_plan.py [--num-ctas 264] [--iters 50] [--batches 500] [--smoke]
 """
@@ -23,6 +25,7 @@ import torch
 
 from sarathi_rt import ops
 from sarathi_rt.ops import reference
+from sarathi_rt.ops.attention_plan import LAYOUT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_attention_plan_property import CTAS, MIN_PAIRS_PER_CTA, index_tensors, random_batch  # noqa: E402
@@ -59,6 +62,7 @@ def distribution(seed: int, count: int) -> None:
     rng = random.Random(seed)
     effs: dict[int, list[float]] = {c: [] for c in CTAS}
     times: list[float] = []
+    memory: list[float] = []  # partial bytes / the old fixed pool
     for _ in range(count):
         lengths, (q_heads, kv_heads, head_dim), _ = random_batch(rng)
         tensors = index_tensors(lengths, kv_heads, head_dim)
@@ -68,7 +72,9 @@ def distribution(seed: int, count: int) -> None:
             start = time.perf_counter()
             plan = ops.plan_attention(*tensors, q_heads, num_ctas=ctas, kernel="cuda")
             times.append(time.perf_counter() - start)
-            effs[ctas].append(plan.stats()["load_efficiency"])
+            stats = plan.stats()
+            effs[ctas].append(stats["load_efficiency"])
+            memory.append(stats["partial_bytes"] / (LAYOUT["partial_rows_per_worker"] * ctas * 4 * (head_dim + 1)))
     print(f"\ndistribution: {count} random batches (seed {seed}), those with >= {MIN_PAIRS_PER_CTA} "
           f"key-head pairs per CTA")
     print(f"{'CTAs':>5} {'batches':>8} {'min':>6} {'p5':>6} {'median':>7}")
@@ -79,6 +85,9 @@ def distribution(seed: int, count: int) -> None:
         print(f"{ctas:>5} {len(e):>8} {e[0]:>6.3f} {e[len(e) // 20]:>6.3f} {statistics.median(e):>7.3f}")
     if times:
         print(f"plan + stats host time: median {1e3 * statistics.median(times):.2f} ms, max {1e3 * max(times):.2f} ms")
+        memory.sort()
+        print(f"partial memory / the old fixed pool (512 rows per CTA): median {statistics.median(memory):.4f}, "
+              f"p95 {memory[len(memory) * 19 // 20]:.3f}, max {memory[-1]:.3f}")
 
 
 def main() -> None:
