@@ -55,7 +55,7 @@ struct ItemRows {
 // Sizes shared by every item of one call.
 struct Shape {
   int64_t group, dim, dim_padded, max_rows;
-  int64_t partial_floats() const { return attention_partial_row_floats(AttentionKernel::kCpu, dim); }
+  int64_t partial_floats;  // per partial row: the accumulator (dim_padded), then max and sum
 };
 
 // Per-thread buffers, zeroed once: only lanes d < dim of q are ever written, so its
@@ -267,7 +267,7 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
 
   if (w.partial >= 0) {  // a piece of a split tile: the merge normalizes
     for (int64_t r = 0; r < rows; ++r) {
-      float* dst = partials + (w.partial + r) * sh.partial_floats();
+      float* dst = partials + (w.partial + r) * sh.partial_floats;
       std::copy(t.acc.begin() + r * Dp, t.acc.begin() + (r + 1) * Dp, dst);
       dst[Dp] = t.m[r];
       dst[Dp + 1] = t.l[r];
@@ -288,7 +288,7 @@ template <typename T>
 void merge_pieces(const HybridAttentionParams& p, const Shape& sh, const AttentionMergeItem& mg,
                   const float* partials) {
   const ItemRows ir{mg.kv_head, mg.num_heads, mg.row_begin, mg.num_rows, sh.group};
-  const int64_t Dp = sh.dim_padded, stride = sh.partial_floats(), rows = ir.count();
+  const int64_t Dp = sh.dim_padded, stride = sh.partial_floats, rows = ir.count();
   auto* out = static_cast<T*>(p.out);
   std::vector<float> o(sh.dim);
   for (int64_t r = 0; r < rows; ++r) {
@@ -320,7 +320,8 @@ int max_threads() {
 
 Shape shape_of(const HybridAttentionParams& p) {
   return Shape{p.num_q_heads / p.layout.num_kv_heads, p.layout.head_dim, round_up(p.layout.head_dim, kLanes),
-               std::max<int64_t>(kWideTileRows, kCpuDirectRows * p.layout.num_kv_heads)};
+               std::max<int64_t>(kWideTileRows, kCpuDirectRows * p.layout.num_kv_heads),
+               attention_partial_row_floats(AttentionKernel::kCpu, p.layout.head_dim)};
 }
 
 // Threads take the plan's items one at a time (dynamically: a thread that another process
@@ -341,7 +342,7 @@ void run_plan(const HybridAttentionParams& p, const Shape& sh, const int32_t* pl
     }
   }
   // Sized from this plan's partial rows, not the capacity.
-  std::unique_ptr<float[]> partials(new float[static_cast<size_t>(plan[kPlanNumPartialRows] * sh.partial_floats())]);
+  std::unique_ptr<float[]> partials(new float[static_cast<size_t>(plan[kPlanNumPartialRows] * sh.partial_floats)]);
 
 #pragma omp parallel
   {
