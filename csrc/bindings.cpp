@@ -243,7 +243,8 @@ int64_t partial_bytes(int64_t kernel, int64_t head_dim, int64_t partial_rows) {
   return attention_partial_bytes(make_capacity({0, 0, 0, 1, kernel}).kernel, head_dim, partial_rows);
 }
 
-void build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k, uintptr_t block_tables,
+// Returns the plan's partial rows: what the CUDA kernel's pool must hold for it.
+int64_t build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k, uintptr_t block_tables,
                 int64_t batch, int64_t total_q, int64_t num_q_heads, int64_t max_blocks_per_seq,
                 std::array<int64_t, 4> cache_shape, CapacityTuple capacity) {
   AttentionPlanInputs in;
@@ -262,6 +263,7 @@ void build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k, u
     st = build_attention_plan(in, make_capacity(capacity), ptr<int32_t>(buffer));
   }
   raise_if_error(st);
+  return ptr<const int32_t>(buffer)[kPlanNumPartialRows];
 }
 
 void hybrid_attention_planned(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v_cache,

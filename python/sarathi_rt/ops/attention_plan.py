@@ -146,11 +146,12 @@ class AttentionPlan:
             raise ValueError(f"cu_seqlens_q[-1] = {total_q} tokens exceeds the plan's max_tokens={self.max_tokens}")
         if self._copied is not None:
             self._copied.synchronize()
-        _C.build_attention_plan(self._host.data_ptr(), host["cu_seqlens_q"].data_ptr(), host["seqlens_k"].data_ptr(),
-                                host["block_tables"].data_ptr(), batch, total_q, self.num_q_heads,
-                                block_tables.shape[1], tuple(k_cache.shape), self.capacity.as_list())
+        partial_rows = _C.build_attention_plan(
+            self._host.data_ptr(), host["cu_seqlens_q"].data_ptr(), host["seqlens_k"].data_ptr(),
+            host["block_tables"].data_ptr(), batch, total_q, self.num_q_heads, block_tables.shape[1],
+            tuple(k_cache.shape), self.capacity.as_list())
         if self.kernel == "cuda":
-            self._grow_partials(self.partial_rows)
+            self._grow_partials(partial_rows)
         if self._copied is not None:
             # The copy runs on the plan's device's current stream (whichever device is
             # current), so that is where its end is recorded.
