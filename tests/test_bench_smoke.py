@@ -39,6 +39,7 @@ EXPECT = {
     "bench_pipeline.py": r"PP=4 median bubble sarathi / vllm",
     "bench_pipeline_capacity.py": r"PP=4 sarathi vs vllm",
     "bench_prefix_cache.py": r"identical: True(.|\n)*capacity .*x with the cache",
+    "bench_roofline_cpu.py": r"decode x8 in bfloat16: .*% of the compute bound \(target >= 50%\)(.|\n)*load: before",
     "bench_scheduler.py": r"median/target",
     "bench_sim.py": r"simulator / scheduler = ",
     "bench_sim_fidelity.py": r"in target at the probed speed",
