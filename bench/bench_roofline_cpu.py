@@ -212,9 +212,10 @@ def report(dt: torch.dtype, names: list[str], steps: list[list[SyntheticRow]],
 
 
 def verdict(dt: torch.dtype, batch: int, rows: list[SyntheticRow], result: tuple[float, dict[str, float]],
-            cost: ModelCost, peak: float, missing: tuple[str, ...]) -> None:
+            cost: ModelCost, peaks: dict[torch.dtype, float], missing: tuple[str, ...]) -> None:
     """The target line, and where the step's time goes when it falls short."""
     wall, split = result
+    peak = peaks[dt]
     fraction = step_flops(cost, rows_of(rows)) / wall / peak
     name = str(dt).removeprefix("torch.")
     print(f"\ndecode x{batch} in {name}: {100 * fraction:.1f}% of the compute bound "
@@ -231,6 +232,9 @@ def verdict(dt: torch.dtype, batch: int, rows: list[SyntheticRow], result: tuple
     if dt == torch.bfloat16 and missing:
         print(f"  the bfloat16 peak is emulated: this CPU lacks {' and '.join(missing)}, so torch's bf16 GEMM "
               "converts to float32 in software")
+        if torch.float32 in peaks:  # the machine's real compute bound, where bf16 only halves the bytes
+            print(f"  against the float32 GEMM peak ({peaks[torch.float32] / 1e9:.1f} GFLOP/s) this step reaches "
+                  f"{100 * step_flops(cost, rows_of(rows)) / wall / peaks[torch.float32]:.1f}%")
 
 
 def parse_ints(text: str, name: str) -> list[int]:
@@ -291,7 +295,7 @@ def main() -> None:
         cost = model_cost(worker_of(llms[dt]))
         report(dt, names, steps, results[dt], cost, peaks[dt], bandwidth)
         i = names.index(f"decode x{batch}")
-        verdict(dt, batch, steps[i], results[dt][i], cost, peaks[dt], missing)
+        verdict(dt, batch, steps[i], results[dt][i], cost, peaks, missing)
     if len(dtypes) == 2:
         ratios = [b[0] / f[0] for f, b in zip(results[torch.float32], results[torch.bfloat16])]
         print("\nbfloat16 / float32 ms/step: " + ", ".join(f"{n} {r:.2f}x" for n, r in zip(names, ratios)))
