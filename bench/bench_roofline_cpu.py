@@ -128,13 +128,13 @@ class StepSplit:
                 self._hook(module, "attention")
         self._hook(model, "forward")
         model.compute_logits = self._timed(model.compute_logits, "logits")  # type: ignore[method-assign]
-        self._sampler = self.worker.sampler
         self.worker.sampler = self._timed(self._sampler, "sampling")  # type: ignore[assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
+        self._handles.clear()
         del self.worker.model.compute_logits  # the instance attribute: back to the method
         self.worker.sampler = self._sampler
 
