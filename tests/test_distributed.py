@@ -189,7 +189,7 @@ def test_abort_in_flight_and_reuse_the_id(checkpoint, prompts, reference) -> Non
             engine.add_request(request_id, prompt, PARAMS)
         for _ in range(20):  # until x is in the micro-batch left in flight by step()
             engine.step()
-            if any(e.request_id == "x" for plan, _, _ in engine._in_flight for e in plan.entries):
+            if any(e.request_id == "x" for plan, *_ in engine._in_flight for e in plan.entries):
                 break
         else:
             pytest.fail("x never stayed in flight across a step")
