@@ -44,7 +44,7 @@ from sarathi_rt import LLM  # noqa: E402
 from sarathi_rt.engine.executor import InProcessExecutor  # noqa: E402
 from sarathi_rt.engine.worker import Worker  # noqa: E402
 from sarathi_rt.measure.roofline import (ModelCost, StepRow, busy_warning, cpu_flags, missing_bf16,  # noqa: E402
-                                         read_load, step_bytes, step_flops)
+                                         step_bytes, step_flops)
 from sarathi_rt.measure.step_timing import time_steps  # noqa: E402
 from sarathi_rt.models.llama import Attention, Linear  # noqa: E402
 from sarathi_rt.sim.budget import SyntheticRow  # noqa: E402
@@ -272,7 +272,7 @@ def main() -> None:
         raise SystemExit("--threads and --repeats must be >= 1 and --context >= 0")
     torch.set_num_threads(args.threads)
     cores = os.cpu_count() or 1
-    load_before, start = read_load(), time.perf_counter()
+    load_before, start = os.getloadavg()[0], time.perf_counter()
     missing = missing_bf16(cpu_flags())
 
     peaks = gemm_peaks(dtypes, args.gemm_size, 5)
@@ -299,7 +299,7 @@ def main() -> None:
     if len(dtypes) == 2:
         ratios = [b[0] / f[0] for f, b in zip(results[torch.float32], results[torch.bfloat16])]
         print("\nbfloat16 / float32 ms/step: " + ", ".join(f"{n} {r:.2f}x" for n, r in zip(names, ratios)))
-    load_after = read_load()
+    load_after = os.getloadavg()[0]
     print(f"\nload: before {load_before:.2f}, after {load_after:.2f} (1-minute average; {cores} cores)")
     warning = busy_warning(load_before, load_after, cores=cores, threads=args.threads,
                            run_seconds=time.perf_counter() - start)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sarathi_rt.measure.roofline import (BF16_FLAGS, ModelCost, StepRow, busy_warning, cpu_flags, missing_bf16,
-                                         own_load, read_load, step_bytes, step_flops)
+                                         own_load, step_bytes, step_flops)
 
 COST = ModelCost(layer_params=1000, head_params=300, weight_bytes=5200, kv_bytes_per_token=12)
 
@@ -69,9 +69,6 @@ def test_bf16_is_emulated_without_the_flags(tmp_path: Path) -> None:
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t\t: none\n")
     assert cpu_flags(info) == {"fpu", "avx2", "fma"}
-    load = tmp_path / "loadavg"
-    load.write_text("2.63 3.57 4.88 5/111 31568\n")
-    assert read_load(load) == 2.63
 
 
 def test_step_split_adds_up_to_the_step_and_leaves_the_model_as_it_was() -> None:

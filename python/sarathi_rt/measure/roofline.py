@@ -79,11 +79,6 @@ def step_bytes(cost: ModelCost, rows: Sequence[StepRow]) -> int:
     return cost.weight_bytes + cost.kv_bytes_per_token * (kv_read + kv_written)
 
 
-def read_load(path: Path = Path("/proc/loadavg")) -> float:
-    """The 1-minute load average."""
-    return float(path.read_text().split()[0])
-
-
 def own_load(threads: int, seconds: float) -> float:
     """How much of the 1-minute load a run of `threads` busy threads for `seconds` adds
     by its end (the load average's exponential decay, from zero)."""
