@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 
-from sarathi_rt.sim.capacity import SLO, find_capacity, simulated_capacity
+from sarathi_rt.sim.capacity import SLO, CapacitySearch, find_capacity, simulated_capacity
 from sarathi_rt.measure.metrics import Distribution, MetricsSummary
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim import LinearCostModel
@@ -39,6 +40,40 @@ def test_a_known_ceiling_is_never_probed() -> None:
     assert max(p.qps for p in above.probes) < 4.5 and 4.5 * 0.99 <= above.max_qps < 4.5  # the ceiling bounds it
     with pytest.raises(ValueError, match="qps_max"):
         find_capacity(lambda q: _summary(0.0, 0.0), SLO(0.1), qps_max=0.0)
+
+
+def test_stepwise_searches_interleaved_match_find_capacity() -> None:
+    # Random thresholds, starts, tolerances and ceilings: each CapacitySearch, driven
+    # round-robin beside two others, probes exactly what find_capacity probes alone, and
+    # its answer brackets the threshold from below within rel_tol.
+    rng = random.Random(7)
+    for _ in range(50):
+        cases = [(rng.uniform(0.05, 40), rng.uniform(0.1, 10), rng.choice([0.01, 0.05, 0.1]),
+                  rng.choice([math.inf, rng.uniform(1, 60)]), rng.randint(2, 12)) for _ in range(3)]
+
+        def run(threshold: float):
+            return lambda q: _summary(0.1 * q / threshold, 0.0)
+
+        searches = [CapacitySearch(qps_start=start, rel_tol=tol, qps_max=cap, max_probes=probes)
+                    for _, start, tol, cap, probes in cases]
+        while any(s.next_qps() is not None for s in searches):
+            for s, (threshold, *_rest) in zip(searches, cases):
+                if (q := s.next_qps()) is not None:
+                    s.record(run(threshold)(q), q <= threshold)
+        for s, (threshold, start, tol, cap, probes) in zip(searches, cases):
+            alone = find_capacity(run(threshold), SLO(0.1), qps_start=start, rel_tol=tol, qps_max=cap,
+                                  max_probes=probes)
+            assert s.result.probes == alone.probes and s.result.max_qps == alone.max_qps
+            assert s.result.max_qps <= threshold and all(p.qps < cap for p in s.result.probes)
+            if len(alone.probes) < probes and alone.max_qps > 0 and threshold < cap:
+                bracket = min([p.qps for p in alone.probes if not p.ok] + [cap])  # the ceiling brackets too
+                assert bracket - alone.max_qps <= tol * bracket
+    done = CapacitySearch(max_probes=2)
+    for _ in range(2):
+        done.record(_summary(0.0, 0.0), False)
+    assert done.next_qps() is None
+    with pytest.raises(RuntimeError, match="done"):
+        done.record(_summary(0.0, 0.0), False)
 
 
 def test_nan_tbt_counts_as_met() -> None:

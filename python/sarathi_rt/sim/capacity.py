@@ -64,47 +64,85 @@ class CapacityResult:
     probes: list[Probe] = field(default_factory=list)
 
 
+class CapacitySearch:
+    """The search behind find_capacity, one probe at a time: `next_qps()` names the rate
+    to run next (None when done) and `record(summary, passed)` takes its outcome. Grows
+    by doubling from `qps_start` until a failure brackets the capacity (or halves until a
+    pass when the start fails), then bisects to within `rel_tol` of the upper bound, in
+    at most `max_probes` runs. Stepwise so that a benchmark can interleave the searches of
+    several configurations round by round: each round's probes then share the machine's
+    state, which drifts on a shared host."""
+
+    def __init__(self, policy: str = "", *, qps_start: float = 1.0, rel_tol: float = 0.02, max_probes: int = 30,
+                 min_qps: float = 1e-3, qps_max: float = math.inf) -> None:
+        if not qps_start > 0:
+            raise ValueError(f"qps_start must be > 0, got {qps_start!r}")
+        if not 0 < rel_tol < 1:
+            raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
+        if not isinstance(max_probes, int) or max_probes < 2:
+            raise ValueError(f"max_probes must be an int >= 2, got {max_probes!r}")
+        if not qps_max > 0:
+            raise ValueError(f"qps_max must be > 0, got {qps_max!r}")
+        self.result = CapacityResult(policy, 0.0)
+        self._rel_tol, self._max_probes, self._min_qps, self._qps_max = rel_tol, max_probes, min_qps, qps_max
+        self._lo, self._hi = 0.0, min(qps_start, qps_max)
+        # grow: probe hi, doubling on a pass; shrink: probe hi / 2 after the start failed;
+        # bisect: probe the middle of [lo, hi]. qps_max itself is never probed.
+        self._phase = "grow" if self._hi < qps_max else "shrink"
+
+    def next_qps(self) -> float | None:
+        if self._phase == "done" or len(self.result.probes) >= self._max_probes:
+            return None
+        if self._phase == "grow":
+            return self._hi
+        if self._phase == "shrink":
+            if self._hi > self._min_qps:
+                return self._hi / 2
+            self._phase = "done"
+            return None
+        if self._hi - self._lo > self._rel_tol * self._hi:
+            return (self._lo + self._hi) / 2
+        self._phase = "done"
+        return None
+
+    def record(self, summary: MetricsSummary, passed: bool) -> None:
+        """The outcome of running the rate next_qps() named."""
+        qps = self.next_qps()
+        if qps is None:
+            raise RuntimeError("the search is done: no probe was asked for")
+        self.result.probes.append(Probe(qps, summary.tbt.p99, summary.sched_delay.p50, passed))
+        if self._phase == "grow":
+            if passed:
+                self._lo, self._hi = self._hi, min(self._hi * 2, self._qps_max)
+                if self._hi >= self._qps_max:
+                    self._phase = "bisect"
+            else:
+                self._phase = "bisect" if self._lo > 0 else "shrink"
+        elif self._phase == "shrink":
+            if passed:
+                self._lo, self._phase = qps, "bisect"
+            else:
+                self._hi = qps
+        elif passed:
+            self._lo = qps
+        else:
+            self._hi = qps
+        self.result.max_qps = self._lo
+
+
 def find_capacity(run: Callable[[float], MetricsSummary], slo: SLO | AttainmentSLO, *, policy: str = "",
                   qps_start: float = 1.0, rel_tol: float = 0.02, max_probes: int = 30,
                   min_qps: float = 1e-3, qps_max: float = math.inf) -> CapacityResult:
     """Largest QPS at which `run(qps)` meets `slo`, to within `rel_tol` (relative),
-    using at most `max_probes` runs. Assumes latency does not fall as load rises.
-    `qps_max`: a rate known to be unsustainable (a throughput ceiling), never probed."""
-    if not qps_start > 0:
-        raise ValueError(f"qps_start must be > 0, got {qps_start!r}")
-    if not 0 < rel_tol < 1:
-        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
-    if not isinstance(max_probes, int) or max_probes < 2:
-        raise ValueError(f"max_probes must be an int >= 2, got {max_probes!r}")
-    if not qps_max > 0:
-        raise ValueError(f"qps_max must be > 0, got {qps_max!r}")
-    result = CapacityResult(policy, 0.0)
-
-    def ok(qps: float) -> bool:
-        s = run(qps)
-        passed = slo.met_by(s)
-        result.probes.append(Probe(qps, s.tbt.p99, s.sched_delay.p50, passed))
-        return passed
-
-    lo, hi = 0.0, min(qps_start, qps_max)
-    while len(result.probes) < max_probes and hi < qps_max and ok(hi):  # grow until a failure brackets it
-        lo, hi = hi, min(hi * 2, qps_max)
-    if lo == 0.0:  # qps_start failed: shrink until a pass
-        while len(result.probes) < max_probes and hi > min_qps:
-            if ok(hi / 2):
-                lo = hi / 2
-                break
-            hi /= 2
-        if lo == 0.0:
-            return result
-    while len(result.probes) < max_probes and hi - lo > rel_tol * hi:
-        mid = (lo + hi) / 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    result.max_qps = lo
-    return result
+    using at most `max_probes` runs (CapacitySearch). Assumes latency does not fall as
+    load rises. `qps_max`: a rate known to be unsustainable (a throughput ceiling),
+    never probed. max_qps is 0.0 when even the lowest probed rate fails."""
+    search = CapacitySearch(policy, qps_start=qps_start, rel_tol=rel_tol, max_probes=max_probes, min_qps=min_qps,
+                            qps_max=qps_max)
+    while (qps := search.next_qps()) is not None:
+        summary = run(qps)
+        search.record(summary, slo.met_by(summary))
+    return search.result
 
 
 def simulated_capacity(workload: WorkloadConfig, scheduler_config: SchedulerConfig, cost_model: CostModel,
