@@ -2,7 +2,7 @@
 traffic, deadline-aware (qos_policy "deadline") against the same scheduler run FCFS
 (qos_policy "fcfs"), and against siloed replicas (one class each).
 
-    python bench/bench_qos.py [--requests 200] [--no-engine | --no-sim] [--smoke]
+    python bench/bench_qos.py [--requests 200] [--no-engine | --no-sim] [--engine-requests 32] [--smoke]
 
 Simulator, on the shipped A100 profiles (Llama-2-7B, Llama-3-8B) and two traces
 (ShareGPT, arXiv summarisation), sarathi with token budget 512, a 35% chat / 65% batch
@@ -17,10 +17,11 @@ mix (Poisson arrivals, seeded):
 Then the real engine on the CPU (SmolLM2-135M-Instruct, ShareGPT lengths / 16 and the
 token budget with them; the classes scaled to a full step measured before each rate: the
 chat tbt is CPU_TBT_STEPS full steps, every other deadline in the same ratio as above):
-the same three comparisons on a ladder of rates, side by side in one process: at each
-rate the mix FCFS and deadline-aware on one engine (a replica of a shared pair), and the
-two silos (a chat-only and a batch-only engine, deadline-aware, at their shares of the
-pair's load, with their shares of its requests), with the load average beside it.
+the same three comparisons, side by side in one process: capacity searches for the mix
+FCFS and deadline-aware on one engine (a replica of a shared pair) and for the two silos
+(a chat-only and a batch-only engine, deadline-aware, with their shares of the pair's
+requests), interleaved one probe each per round, then the overload runs, with the load
+average beside every run.
 """
 from __future__ import annotations
 
@@ -137,17 +138,19 @@ def full_step_seconds(engine, tokens: int, repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def engine_runs(model: str, n: int, rates: list[float], length_scale: float) -> None:
-    """Side by side in one process, at each rate of the ladder: the mix on one engine
-    (a replica of a shared pair), FCFS then deadline-aware; and the two silos (a
-    chat-only and a batch-only engine at their shares of the pair's rate, deadline-aware:
-    the better policy for a silo in every simulated cell). Before each rate a full step
-    is measured and the classes scaled to it (cpu_classes), so that the deadlines follow
-    the shared machine's speed; the chat misses and goodput at the higher rates are the
-    overload comparison."""
+def engine_cell(model: str, n: int, length_scale: float, qps_start: float, probes: int) -> None:
+    """The three comparisons on the real engine, side by side in one process: four
+    capacity searches (the mix FCFS and deadline-aware on one engine, a replica of a
+    shared pair; the chat-only and batch-only silos, deadline-aware: the better policy for
+    a silo in every simulated cell, each with its share of twice the mix's requests) run
+    round-robin, one probe each per round, so that the machine's drift on a shared host
+    falls on all four alike; then the overload runs at 1.5x and 2x the FCFS capacity. A
+    full step is measured first and the classes scaled to it (cpu_classes), and again at
+    the end, to show how far the machine moved."""
     from sarathi_rt.engine import EngineConfig, LLMEngine
     from sarathi_rt.measure.metrics import summarize
     from sarathi_rt.measure.replay import replay, warm_up
+    from sarathi_rt.sim.capacity import CapacitySearch
 
     # The simulator's token budget scaled with the prompt lengths (at least 32 tokens),
     # so a chunk is the same share of a prompt; half of it may be decodes.
@@ -156,47 +159,62 @@ def engine_runs(model: str, n: int, rates: list[float], length_scale: float) -> 
     plain = LLMEngine(EngineConfig(model=model, token_budget=budget, max_num_seqs=seqs, num_kv_blocks=512))
     executor = plain.executor
     warm_up(plain)
+    load, step = os.getloadavg()[0], full_step_seconds(plain, budget)
+    classes = cpu_classes(step)
 
-    def run(rate: float, mix: dict[str, float], qos_policy: str, num_requests: int,
-            classes: dict[str, QoSClass]) -> MetricsSummary:
+    def run(rate: float, mix: dict[str, float], qos_policy: str, num_requests: int) -> MetricsSummary:
         config = EngineConfig(model=model, token_budget=budget, max_num_seqs=seqs, num_kv_blocks=512,
                               qos_classes=classes, qos_policy=qos_policy)
         engine = LLMEngine(config, executor=executor)
         warm_up(engine)
         work = make_workload(WorkloadConfig(num_requests=num_requests, qps=rate, lengths="sharegpt",
-                                            length_scale=length_scale,
-                                            max_total_tokens=2048, qos_mix=mix, seed=1))
+                                            length_scale=length_scale, max_total_tokens=2048, qos_mix=mix, seed=1))
         return summarize(*replay(engine, work), qos_classes=classes)
 
-    print(f"engine: {model} on the CPU, {n} requests per run, ShareGPT x{length_scale:g}, token budget {budget}; "
-          f"classes scaled to a full {budget}-token step measured before each rate (chat tbt = "
-          f"{CPU_TBT_STEPS:g} steps, chat ttft {CLASSES[TIGHT].ttft / CLASSES[TIGHT].tbt:g} x its tbt)")
-    print("  QPS  | step ms (load) | FCFS chat/batch attained | deadline chat/batch (relegated) | silos chat/batch | "
-          f"{TIGHT} misses F/D | goodput F/D | load after")
-    for rate in rates:
-        load = os.getloadavg()[0]
-        step = full_step_seconds(plain, budget)
-        classes = cpu_classes(step)
-        f, d = run(rate, MIX, "fcfs", n, classes), run(rate, MIX, "deadline", n, classes)
-        # Two replicas, shared: each gets half the load; siloed: each class its own replica.
-        sc = run(2 * rate * MIX["chat"], {"chat": 1.0}, "deadline", max(1, round(2 * n * MIX["chat"])), classes)
-        sb = run(2 * rate * MIX["batch"], {"batch": 1.0}, "deadline", max(1, round(2 * n * MIX["batch"])), classes)
-        print(f"  {rate:4.2f} | {step * 1e3:5.0f} ({load:4.1f}) | "
-              f"{f.qos['chat'].attainment:6.1%} / {f.qos['batch'].attainment:6.1%} | "
-              f"{d.qos['chat'].attainment:6.1%} / {d.qos['batch'].attainment:6.1%} ({d.qos['chat'].relegated}) | "
-              f"{sc.qos['chat'].attainment:6.1%} / {sb.qos['batch'].attainment:6.1%} | "
-              f"{violations(f)} / {violations(d)} of {f.qos[TIGHT].num_requests} | "
-              f"{goodput(f):.3f} / {goodput(d):.3f} | {os.getloadavg()[0]:.2f}")
+    chat = ", ".join(f"{k} ttft {c.ttft:.2f} s tbt {c.tbt:.3f} s" for k, c in classes.items())
+    print(f"engine: {model} on the CPU, ShareGPT x{length_scale:g}, token budget {budget}, {n} requests per mix "
+          f"run; full step {step * 1e3:.0f} ms at load {load:.1f} -> classes {chat}")
+    # name -> (class mix, policy, requests, start rate): a silo gets its class's share of
+    # the pair's rate and requests, so its runs last as long as the mix's.
+    configs = {"fcfs": (MIX, "fcfs", n, qps_start), "deadline": (MIX, "deadline", n, qps_start),
+               **{f"{k} silo": ({k: 1.0}, "deadline", max(1, round(2 * n * share)), 2 * qps_start * share)
+                  for k, share in MIX.items()}}
+    searches = {name: CapacitySearch(name, qps_start=start, rel_tol=0.1, max_probes=probes)
+                for name, (_, _, _, start) in configs.items()}
+    slo = AttainmentSLO(ATTAINMENT)
+    print("  round | config      |  QPS  | attained per class    | ok | load")
+    for round_ in range(probes):
+        for name, search in searches.items():
+            if (rate := search.next_qps()) is None:
+                continue
+            mix, policy, requests, _ = configs[name]
+            summary = run(rate, mix, policy, requests)
+            passed = slo.met_by(summary)
+            search.record(summary, passed)
+            attained = ", ".join(f"{k} {q.attainment:.0%}" for k, q in summary.qos.items() if q.num_requests)
+            print(f"  {round_:5d} | {name:11s} | {rate:5.3f} | {attained:21s} | {'y' if passed else 'n'}  | "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+    cap = {name: s.result.max_qps for name, s in searches.items()}
+    overload = {factor: tuple(run(factor * cap["fcfs"], MIX, policy, n) for policy in ("fcfs", "deadline"))
+                for factor in (1.5, 2.0)}
+    cell = Cell(cap["fcfs"], cap["deadline"], cap["chat silo"], cap["batch silo"], overload)  # type: ignore[arg-type]
+    end_step = full_step_seconds(plain, budget)
     executor.shutdown()
-    print("  (shared at rate r = two replicas at 2r in all, each at r; the silos get 2r x each class's share)")
+    if cell.fcfs == 0:
+        print("  FCFS failed at every probed rate: lower --engine-start")
+        return
+    print_cell(f"engine ({n} requests per mix run)", cell)
+    print(f"  full step at the end {end_step * 1e3:.0f} ms ({end_step / step:.2f}x the start), "
+          f"load {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=200, help="requests per simulated run")
     ap.add_argument("--probes", type=int, default=8, help="most simulated runs per capacity search")
-    ap.add_argument("--engine-requests", type=int, default=10, help="requests per engine run (of the mix)")
-    ap.add_argument("--engine-rates", default="0.12,0.25,0.5", help="QPS ladder of the engine runs")
+    ap.add_argument("--engine-requests", type=int, default=32, help="requests per engine run of the mix")
+    ap.add_argument("--engine-start", type=float, default=0.3, help="QPS the engine's capacity searches start at")
+    ap.add_argument("--engine-probes", type=int, default=5, help="most engine runs per capacity search")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--no-engine", action="store_true", help="simulator only")
     ap.add_argument("--no-sim", action="store_true", help="engine only")
@@ -205,7 +223,7 @@ def main() -> None:
     profiles, traces = list(PROFILES), list(TRACES)
     if args.smoke:
         profiles, traces, args.requests, args.probes = profiles[:1], traces[:1], 30, 3
-        args.model, args.engine_requests, args.engine_rates = "tiny", 4, "2.0"
+        args.model, args.engine_requests, args.engine_start, args.engine_probes = "tiny", 4, 2.0, 2
     print(f"load: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
     for profile in profiles if not args.no_sim else []:
         for trace in traces:
@@ -214,8 +232,8 @@ def main() -> None:
                        sim_cell(profile, trace, args.requests, args.probes))
             print(f"  ({time.perf_counter() - start:.0f} s)")
     if not args.no_engine:
-        engine_runs(args.model, args.engine_requests, [float(r) for r in args.engine_rates.split(",")],
-                    1 / 64 if args.smoke else 1 / 16)
+        engine_cell(args.model, args.engine_requests, 1 / 64 if args.smoke else 1 / 16, args.engine_start,
+                    args.engine_probes)
     print(f"load at the end: {os.getloadavg()[0]:.2f} (1 min)")
 
 
