@@ -314,7 +314,7 @@ void gemm(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t m, int6
   p.workspace = ptr<void>(workspace);
   p.workspace_bytes = workspace_bytes;
   NvtxOpRange range("gemm");
-  launch(p, device, stream, &gemm_small_m_cpu, SRT_CUDA_LAUNCHER(gemm_cuda));
+  launch(p, device, stream, &gemm_streamed_cpu, SRT_CUDA_LAUNCHER(gemm_cuda));
 }
 
 int attention_ctas_per_sm(int64_t head_dim, int dtype, int device) {

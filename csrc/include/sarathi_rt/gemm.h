@@ -28,7 +28,7 @@ constexpr int64_t kGemmAlignment = 8;
 // The CPU kernel for a few rows against a weight too large to stay in cache (the LM head
 // of decode steps): any dtype, last dimensions contiguous, m <= kGemmSmallM.
 constexpr int64_t kGemmSmallM = 16;
-Status gemm_small_m_cpu(const GemmParams& p);
+Status gemm_streamed_cpu(const GemmParams& p);
 
 #if defined(SARATHI_RT_WITH_CUDA)
 Status gemm_cuda(const GemmParams& p, void* stream);

@@ -41,7 +41,7 @@ SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
 }
 
 template <typename T>
-SRT_CPU_CLONES void gemm_small_m(const GemmParams& p) {
+SRT_CPU_CLONES void gemm_streamed(const GemmParams& p) {
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < ceil_div(p.n, kBlockN); ++blk) {
     for (int64_t m0 = 0; m0 < p.m; m0 += kBlockM) gemm_block<T>(p, m0, blk * kBlockN);
@@ -50,15 +50,15 @@ SRT_CPU_CLONES void gemm_small_m(const GemmParams& p) {
 
 }  // namespace
 
-Status gemm_small_m_cpu(const GemmParams& p) {
+Status gemm_streamed_cpu(const GemmParams& p) {
   if (p.m < 0 || p.m > kGemmSmallM || p.n < 0 || p.k < 0) {
     return Status::Invalid("gemm: the CPU kernel takes 0.." + std::to_string(kGemmSmallM) + " rows, got m = " +
                            std::to_string(p.m));
   }
   switch (p.dtype) {
-    case DType::kFloat32: gemm_small_m<float>(p); break;
-    case DType::kFloat16: gemm_small_m<cpu::f16>(p); break;
-    case DType::kBFloat16: gemm_small_m<cpu::bf16>(p); break;
+    case DType::kFloat32: gemm_streamed<float>(p); break;
+    case DType::kFloat16: gemm_streamed<cpu::f16>(p); break;
+    case DType::kBFloat16: gemm_streamed<cpu::bf16>(p); break;
   }
   return Status::Ok();
 }
