@@ -102,11 +102,16 @@ def sim_cell(profile: str, trace: str, n: int, probes: int) -> Cell:
     return Cell(fcfs, deadline, silo_chat, silo_batch, overload)  # type: ignore[arg-type]
 
 
+def times(a: float, b: float) -> str:
+    """a / b as "1.23x"; a capacity of 0 (no probed rate passed) has no ratio."""
+    return f"{a / b:.2f}x" if b > 0 else "n/a (0 QPS)"
+
+
 def print_cell(name: str, c: Cell) -> None:
     print(f"{name}: capacity at >= {ATTAINMENT:.0%} per class: FCFS {c.fcfs:.3g} QPS, deadline {c.deadline:.3g} QPS "
-          f"-> {c.deadline / c.fcfs:.2f}x (target >= 1.2x)")
+          f"-> {times(c.deadline, c.fcfs)} (target >= 1.2x)")
     print(f"  shared vs siloed, two replicas: shared {2 * c.deadline:.3g} QPS, siloed {c.siloed:.3g} QPS "
-          f"(chat silo {c.silo_chat:.3g}, batch silo {c.silo_batch:.3g}) -> {2 * c.deadline / c.siloed:.2f}x "
+          f"(chat silo {c.silo_chat:.3g}, batch silo {c.silo_batch:.3g}) -> {times(2 * c.deadline, c.siloed)} "
           f"(target >= 1.25x)")
     for factor, (f, d) in c.overload.items():
         vf, vd = violations(f), violations(d)
@@ -144,9 +149,10 @@ def engine_cell(model: str, n: int, length_scale: float, qps_start: float, probe
     shared pair; the chat-only and batch-only silos, deadline-aware: the better policy for
     a silo in every simulated cell, each with its share of twice the mix's requests) run
     round-robin, one probe each per round, so that the machine's drift on a shared host
-    falls on all four alike; then the overload runs at 1.5x and 2x the FCFS capacity. A
-    full step is measured first and the classes scaled to it (cpu_classes), and again at
-    the end, to show how far the machine moved."""
+    falls on all four alike; then the overload runs at 1.5x and 2x the FCFS capacity.
+    Before every run a full step is measured and that run's classes scaled to it
+    (cpu_classes): other work on a shared host slows every step, and deadlines scaled
+    to a quieter minute would count the machine's slowdown as the policy's misses."""
     from sarathi_rt.engine import EngineConfig, LLMEngine
     from sarathi_rt.measure.metrics import summarize
     from sarathi_rt.measure.replay import replay, warm_up
@@ -159,10 +165,11 @@ def engine_cell(model: str, n: int, length_scale: float, qps_start: float, probe
     plain = LLMEngine(EngineConfig(model=model, token_budget=budget, max_num_seqs=seqs, num_kv_blocks=512))
     executor = plain.executor
     warm_up(plain)
-    load, step = os.getloadavg()[0], full_step_seconds(plain, budget)
-    classes = cpu_classes(step)
+    steps: list[float] = []
 
     def run(rate: float, mix: dict[str, float], qos_policy: str, num_requests: int) -> MetricsSummary:
+        steps.append(full_step_seconds(plain, budget))
+        classes = cpu_classes(steps[-1])
         config = EngineConfig(model=model, token_budget=budget, max_num_seqs=seqs, num_kv_blocks=512,
                               qos_classes=classes, qos_policy=qos_policy)
         engine = LLMEngine(config, executor=executor)
@@ -171,9 +178,10 @@ def engine_cell(model: str, n: int, length_scale: float, qps_start: float, probe
                                             length_scale=length_scale, max_total_tokens=2048, qos_mix=mix, seed=1))
         return summarize(*replay(engine, work), qos_classes=classes)
 
-    chat = ", ".join(f"{k} ttft {c.ttft:.2f} s tbt {c.tbt:.3f} s" for k, c in classes.items())
+    ratios = ", ".join(f"{k} ttft {c.ttft / CLASSES[TIGHT].tbt:g} tbt {c.tbt / CLASSES[TIGHT].tbt:g}"
+                       for k, c in CLASSES.items())
     print(f"engine: {model} on the CPU, ShareGPT x{length_scale:g}, token budget {budget}, {n} requests per mix "
-          f"run; full step {step * 1e3:.0f} ms at load {load:.1f} -> classes {chat}")
+          f"run; classes in units of {CPU_TBT_STEPS:g} full steps, measured before each run: {ratios}")
     # name -> (class mix, policy, requests, start rate): a silo gets its class's share of
     # the pair's rate and requests, so its runs last as long as the mix's.
     configs = {"fcfs": (MIX, "fcfs", n, qps_start), "deadline": (MIX, "deadline", n, qps_start),
@@ -182,7 +190,7 @@ def engine_cell(model: str, n: int, length_scale: float, qps_start: float, probe
     searches = {name: CapacitySearch(name, qps_start=start, rel_tol=0.1, max_probes=probes)
                 for name, (_, _, _, start) in configs.items()}
     slo = AttainmentSLO(ATTAINMENT)
-    print("  round | config      |  QPS  | attained per class    | ok | load")
+    print("  round | config      |  QPS  | step ms | attained per class    | ok | load")
     for round_ in range(probes):
         for name, search in searches.items():
             if (rate := search.next_qps()) is None:
@@ -192,20 +200,18 @@ def engine_cell(model: str, n: int, length_scale: float, qps_start: float, probe
             passed = slo.met_by(summary)
             search.record(summary, passed)
             attained = ", ".join(f"{k} {q.attainment:.0%}" for k, q in summary.qos.items() if q.num_requests)
-            print(f"  {round_:5d} | {name:11s} | {rate:5.3f} | {attained:21s} | {'y' if passed else 'n'}  | "
+            print(f"  {round_:5d} | {name:11s} | {rate:5.3f} | {steps[-1] * 1e3:7.0f} | {attained:21s} | {'y' if passed else 'n'}  | "
                   f"{os.getloadavg()[0]:.1f}", flush=True)
     cap = {name: s.result.max_qps for name, s in searches.items()}
     overload = {factor: tuple(run(factor * cap["fcfs"], MIX, policy, n) for policy in ("fcfs", "deadline"))
                 for factor in (1.5, 2.0)}
     cell = Cell(cap["fcfs"], cap["deadline"], cap["chat silo"], cap["batch silo"], overload)  # type: ignore[arg-type]
-    end_step = full_step_seconds(plain, budget)
     executor.shutdown()
     if cell.fcfs == 0:
         print("  FCFS failed at every probed rate: lower --engine-start")
         return
     print_cell(f"engine ({n} requests per mix run)", cell)
-    print(f"  full step at the end {end_step * 1e3:.0f} ms ({end_step / step:.2f}x the start), "
-          f"load {os.getloadavg()[0]:.1f}")
+    print(f"  full steps measured before the runs: {min(steps) * 1e3:.0f}-{max(steps) * 1e3:.0f} ms")
 
 
 def main() -> None:
