@@ -459,7 +459,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("gemm", &gemm, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("y"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("row_strides"), py::arg("dtype"), py::arg("config"), py::arg("split_k"),
         py::arg("workspace"), py::arg("workspace_bytes"), py::arg("device"), py::arg("stream"));
-  m.attr("GEMM_SMALL_M") = kGemmSmallM;
   m.def("gemm_kernel_occupancy", &gemm_kernel_occupancy, py::arg("config"), py::arg("dtype"), py::arg("split_k"),
         py::arg("device"), "Registers per thread and CTAs per SM of one GEMM kernel, from the CUDA driver.");
   m.def("gemm_tile_configs", &gemm_tile_configs_list, "The GEMM tile configurations the planner chooses from.");

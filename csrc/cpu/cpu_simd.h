@@ -29,6 +29,16 @@
 
 namespace sarathi_rt::cpu {
 
+// Whether SRT_CPU_CLONES runs its x86-64-v4 clone here (AVX-512: 32 vector registers,
+// each holding a whole vf), for kernels that size register blocks to the register file.
+inline bool runs_avx512_clone() {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+  return __builtin_cpu_supports("x86-64-v4");
+#else
+  return false;
+#endif
+}
+
 constexpr int64_t kLanes = 16;
 using vf = float __attribute__((vector_size(kLanes * sizeof(float))));
 using vi = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));

@@ -25,9 +25,8 @@ struct GemmParams {
 // Operands must be 16-byte aligned with k, n and the row strides multiples of 8.
 constexpr int64_t kGemmAlignment = 8;
 
-// The CPU kernel for a few rows against a weight too large to stay in cache (the LM head
-// of decode steps): any dtype, last dimensions contiguous, m <= kGemmSmallM.
-constexpr int64_t kGemmSmallM = 16;
+// The CPU kernel for rows against a weight too large to stay in cache (the LM head of
+// decode steps): any dtype, any row count, last dimensions contiguous.
 Status gemm_streamed_cpu(const GemmParams& p);
 
 #if defined(SARATHI_RT_WITH_CUDA)

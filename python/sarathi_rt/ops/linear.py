@@ -17,7 +17,8 @@ its step: prefix caching and any chunking give bit-identical outputs (see the RE
 oneDNN/MKL choose their kernel, and with it the order of the K reduction, by the row
 count and the thread split; with the rows padded to a multiple of 16 they always run
 the same blocked kernel (tests/test_linear_cpu.py checks it). Streamed weights run our
-kernel in slices of GEMM_SMALL_M rows, whose per-row reduction order is fixed.
+kernel, whose per-row reduction order is fixed, in one call that reads the weight once
+per tile of rows that fits in L2 (csrc/cpu/gemm_streamed.cpp).
 """
 from __future__ import annotations
 
@@ -98,10 +99,7 @@ def _cpu_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     m, n = x2.shape[0], weight.shape[0]
     if _streams_weight(x2, weight, bias):
         out = torch.empty(m, n, dtype=x2.dtype)
-        none = torch.empty(0, dtype=torch.uint8)
-        for m0 in range(0, m, _C.GEMM_SMALL_M):
-            m1 = min(m, m0 + _C.GEMM_SMALL_M)
-            kernels.linear_out(x2[m0:m1], weight, bias, out[m0:m1], 0, 1, none)
+        kernels.linear_out(x2, weight, bias, out, 0, 1, torch.empty(0, dtype=torch.uint8))
         return out
     pad = -m % _CPU_ROW_TILE
     if pad:
