@@ -109,15 +109,27 @@ SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
   }
 }
 
+// w's row blocks [blk0, blk1) against x's rows [t0, t1), compiled per ISA. The clones
+// sit inside the OpenMP loop, not around it: GCC outlines a parallel loop's body into a
+// function that target_clones does not clone, which would run it at the baseline ISA.
 template <typename T, typename V, int64_t BM, int64_t BN>
-SRT_CPU_CLONES void gemm_streamed(const GemmParams& p) {
+SRT_CPU_CLONES void gemm_range(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
+  for (int64_t blk = blk0; blk < blk1; ++blk) {
+    for (int64_t m0 = t0; m0 < t1; m0 += BM) gemm_block<T, V, BM, BN>(p, m0, blk * BN);
+  }
+}
+
+template <typename T, typename V, int64_t BM, int64_t BN>
+void gemm_streamed(const GemmParams& p) {
+  constexpr int64_t kBlocksPerTask = 64;  // a call per 256 of w's rows: its cost vanishes
   const int64_t row_bytes = std::max<int64_t>(1, p.k * int64_t{sizeof(T)});
   const int64_t tile = std::max(BM, kTileBytes / row_bytes / BM * BM);
+  const int64_t blocks = ceil_div(p.n, BN), tasks = ceil_div(blocks, kBlocksPerTask);
   for (int64_t t0 = 0; t0 < p.m; t0 += tile) {
     const int64_t t1 = std::min(p.m, t0 + tile);
 #pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < ceil_div(p.n, BN); ++blk) {
-      for (int64_t m0 = t0; m0 < t1; m0 += BM) gemm_block<T, V, BM, BN>(p, m0, blk * BN);
+    for (int64_t task = 0; task < tasks; ++task) {
+      gemm_range<T, V, BM, BN>(p, task * kBlocksPerTask, std::min(blocks, (task + 1) * kBlocksPerTask), t0, t1);
     }
   }
 }
