@@ -43,11 +43,11 @@ import torch.nn.functional as F  # noqa: E402
 from sarathi_rt import LLM  # noqa: E402
 from sarathi_rt.engine.executor import InProcessExecutor  # noqa: E402
 from sarathi_rt.engine.worker import Worker  # noqa: E402
-from sarathi_rt.measure.roofline import (ModelCost, StepRow, busy_warning, cpu_flags, missing_bf16,  # noqa: E402
-                                         step_bytes, step_flops)
+from sarathi_rt.measure.roofline import ModelCost, StepRow, busy_warning, step_bytes, step_flops  # noqa: E402
 from sarathi_rt.measure.step_timing import time_steps  # noqa: E402
 from sarathi_rt.models.llama import Attention, Linear  # noqa: E402
 from sarathi_rt.sim.budget import SyntheticRow  # noqa: E402
+from sarathi_rt.utils.cpu import BF16_EMULATE, BF16_ENV, cpu_flags, missing_bf16  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 TARGET_BATCH, TARGET_FRACTION = 64, 0.5
@@ -287,6 +287,9 @@ def main() -> None:
     names, steps = [n for n, _ in named], [s for _, s in named]
     block = 16
     blocks = max(sum(-(-(r.start_pos + r.num_tokens) // block) for r in rows) for rows in steps)
+    # --dtypes bfloat16 measures bfloat16 even where it is emulated (the output says so),
+    # rather than the float32 an engine falls back to there.
+    os.environ.setdefault(BF16_ENV, BF16_EMULATE)
     llms = {dt: LLM(model, dtype=dt, block_size=block, num_kv_blocks=blocks, max_num_seqs=max(decodes),
                     token_budget=max(prefill + decodes)) for dt in dtypes}
     results = measure(llms, steps, args.repeats)

@@ -15,7 +15,8 @@ def _modules_after(code: str) -> dict[str, bool]:
 
 @pytest.mark.parametrize("module", ["sarathi_rt", "sarathi_rt.scheduler", "sarathi_rt.sim", "sarathi_rt.workloads",
                                     "sarathi_rt.sim.capacity", "sarathi_rt.sim.budget", "sarathi_rt.measure.metrics",
-                                    "sarathi_rt.measure.slo", "sarathi_rt.measure.roofline", "sarathi_rt.step_time"])
+                                    "sarathi_rt.measure.slo", "sarathi_rt.measure.roofline", "sarathi_rt.step_time",
+                                    "sarathi_rt.utils.cpu"])
 def test_planning_modules_import_without_torch_or_matplotlib(module: str) -> None:
     assert _modules_after(f"import {module}") == {"torch": False, "matplotlib": False}
 

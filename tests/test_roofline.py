@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sarathi_rt.measure.roofline import (BF16_FLAGS, ModelCost, StepRow, busy_warning, cpu_flags, missing_bf16,
-                                         own_load, step_bytes, step_flops)
+from sarathi_rt.measure.roofline import ModelCost, StepRow, busy_warning, own_load, step_bytes, step_flops
 
 COST = ModelCost(layer_params=1000, head_params=300, weight_bytes=5200, kv_bytes_per_token=12)
 
@@ -60,15 +59,6 @@ def test_a_quiet_machine_gets_no_warning() -> None:
 def test_other_work_on_our_cores_is_a_busy_machine(before: float, after: float, threads: int) -> None:
     line = busy_warning(before, after, cores=2, threads=threads, run_seconds=600)
     assert line is not None and line.startswith("WARNING: busy machine") and "busy machine" in line
-
-
-def test_bf16_is_emulated_without_the_flags(tmp_path: Path) -> None:
-    assert missing_bf16({"avx2", "fma"}) == BF16_FLAGS
-    assert missing_bf16({"avx2", "avx512_bf16"}) == ()
-    assert missing_bf16({"amx_bf16"}) == ()
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t\t: none\n")
-    assert cpu_flags(info) == {"fpu", "avx2", "fma"}
 
 
 def test_step_split_adds_up_to_the_step_and_leaves_the_model_as_it_was() -> None:

@@ -15,9 +15,8 @@ Torch-free: the simulator's side of the project may import it."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 # The 1-minute load average is an exponentially weighted mean of the runnable tasks over
 # the last minute (time constant 60 s).
@@ -25,9 +24,6 @@ _LOADAVG_TAU_S = 60.0
 # A machine is busy when other work needs more than this many of the cores our threads do
 # not use: half a core of noise (a shell, a daemon) is not other work.
 BUSY_MARGIN = 0.5
-# The x86 flags of native bfloat16 arithmetic; without one of them torch's bf16 GEMM
-# converts to float32 in software and is no faster (usually slower) than float32.
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 @dataclass(frozen=True)
@@ -103,18 +99,3 @@ def busy_warning(load_before: float, load_after: float, *, cores: int, threads: 
     return (f"WARNING: busy machine: other work's 1-minute load was {other:.2f} (before {load_before:.2f}, "
             f"after {load_after:.2f}) on {cores} cores with {threads} thread(s) of ours (limit {limit:.2f}); "
             "these figures are from a busy machine, not the machine's limits")
-
-
-def missing_bf16(flags: Iterable[str]) -> tuple[str, ...]:
-    """The native-bf16 flags the CPU lacks: all of BF16_FLAGS when it has none (torch
-    then emulates bf16), else none."""
-    have = set(flags)
-    return () if any(f in have for f in BF16_FLAGS) else BF16_FLAGS
-
-
-def cpu_flags(path: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The first CPU's feature flags (empty where /proc/cpuinfo has none: not x86 Linux)."""
-    for line in path.read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()

@@ -1,2 +1,3 @@
-"""Small helpers every layer shares: dtype parsing (`dtypes`), NVTX ranges for nsys
-(`nvtx`) and a read-only mapping that pickles (`frozen`)."""
+"""Small helpers every layer shares: dtype parsing (`dtypes`), the CPU's native BF16 and
+the dtype rule it sets (`cpu`, torch-free), NVTX ranges for nsys (`nvtx`) and a
+read-only mapping that pickles (`frozen`)."""
