@@ -87,7 +87,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         hf_model = build_checkpoint(Path(tmp), args.preset, args.seed)
-        llm = LLM(tmp, token_budget=512, max_num_seqs=args.requests)
+        llm = LLM(tmp, dtype="float32", token_budget=512, max_num_seqs=args.requests)
     prompts, lengths = requests(args.requests, args.length_scale, args.preset, args.seed)
     useful = sum(lengths)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.preset} float32; "

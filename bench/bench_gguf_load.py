@@ -51,7 +51,7 @@ def child(kind: str) -> None:
         from sarathi_rt import LLM
 
         start = time.perf_counter()
-        LLM(MODEL, num_kv_blocks=64).shutdown()
+        LLM(MODEL, dtype="float32", num_kv_blocks=64).shutdown()
     print(json.dumps({"seconds": time.perf_counter() - start}))
 
 
@@ -76,7 +76,7 @@ def equality(questions: list[str], max_tokens: int) -> None:
 
     path = resolve_model_path(MODEL)
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    with LLM(MODEL, num_kv_blocks=256, max_num_seqs=16, token_budget=256) as llm:
+    with LLM(MODEL, dtype="float32", num_kv_blocks=256, max_num_seqs=16, token_budget=256) as llm:
         tok = llm.tokenizer
         prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
         start = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Shared test helpers: tolerances and the CUDA marker with its skip."""
+"""Shared test helpers: tolerances, the CUDA marker with its skip, and the CPU's BF16
+flags pinned (see `cpu_without_bf16`)."""
 from __future__ import annotations
 
 import pytest
@@ -19,3 +20,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # What each storage dtype can be expected to reach against a float64 reference.
 ATOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.fixture(autouse=True)
+def cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs as on a CPU without native BF16 (CI's), so an engine given no dtype
+    computes in float32 on any machine, as the float32 references expect; the tests of
+    the dtype rule fake the flags they need. SARATHI_RT_CPU_BF16 from the shell is dropped."""
+    import sarathi_rt.engine.config
+
+    monkeypatch.setattr(sarathi_rt.engine.config, "cpu_flags", lambda: set())
+    monkeypatch.delenv("SARATHI_RT_CPU_BF16", raising=False)
+
+
+@pytest.fixture
+def emulated_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An explicit bfloat16 runs in bf16 on this CPU (SARATHI_RT_CPU_BF16=emulate), as the
+    tests of the bf16 path need on a CPU without BF16."""
+    monkeypatch.setenv("SARATHI_RT_CPU_BF16", "emulate")

@@ -31,7 +31,7 @@ def test_bad_dtypes_name_the_argument() -> None:
     assert parse_dtype("double", allowed=(torch.float32, torch.float64)) is torch.float64
 
 
-def test_public_entry_points_take_names() -> None:
+def test_public_entry_points_take_names(emulated_bf16: None) -> None:
     shape = KVCacheShape(num_layers=2, block_size=16, num_kv_heads=2, head_dim=64, dtype="bf16")
     assert shape == KVCacheShape(2, 16, 2, 64, torch.bfloat16) and shape.bytes_per_block == 2 * 2 * 16 * 2 * 64 * 2
     assert EngineConfig(model="tiny", dtype="half").dtype is torch.float16

@@ -112,7 +112,7 @@ def test_broken_checkpoints_are_rejected(hf: HFModel, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("bfloat16", 0.05), ("float16", 0.01)])
-def test_half_precision_loading(hf: HFModel, dtype: str, tolerance: float) -> None:
+def test_half_precision_loading(hf: HFModel, dtype: str, tolerance: float, emulated_bf16: None) -> None:
     llm = LLM(str(hf.path), dtype=dtype, num_kv_blocks=16, block_size=8)
     worker = llm.engine.executor.worker
     assert worker.model.lm_head.dtype == worker.kv_cache.k[0].dtype == getattr(torch, dtype)

@@ -236,7 +236,7 @@ class _Store:
         return self.data[key]
 
 
-def test_workers_take_rank_0s_configuration_and_check_the_sizes() -> None:
+def test_workers_take_rank_0s_configuration_and_check_the_sizes(emulated_bf16: None) -> None:
     from sarathi_rt.engine import EngineConfig
     from sarathi_rt.engine.distributed.torchrun import _driver_config
 

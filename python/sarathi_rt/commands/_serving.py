@@ -18,6 +18,7 @@ from sarathi_rt.scheduler.qos import QOS_POLICIES, qos_classes_from
 from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
 from sarathi_rt.sim.budget import ENGINE_ADAPTIVE_CAP, SIMULATOR_ADAPTIVE_CAP, choose_token_budget, loaded_curve
 from sarathi_rt.sim.shape_model import ShapeCostModel
+from sarathi_rt.utils.cpu import DTYPE_HELP
 from sarathi_rt.workloads import (ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, check_qos_mix, data_path,
                                   make_workload)
 
@@ -42,7 +43,7 @@ def optional_plots() -> ModuleType | None:
 SCHEDULER_FLAGS = {"token_budget": None, "chunk_size": None, "tile_size": None, "max_num_seqs": None,
                    "block_size": 16, "num_blocks": None, "adaptive_budget": False, "budget_rule": None,
                    "budget_tile": None, "qos_classes": None, "qos_mix": None, "qos_policy": None}
-ENGINE_FLAGS = {"model": None, "device": "cpu", "dtype": "float32", "threads": 1, "tensor_parallel_size": 1,
+ENGINE_FLAGS = {"model": None, "device": "cpu", "dtype": None, "threads": 1, "tensor_parallel_size": 1,
                 "pipeline_parallel_size": 1, "worker_timeout": 300.0}
 SIMULATOR_FLAGS = {"vidur_profile": None, "step_profile": None, "hardware": None, "num_layers": 32, "tp": 1,
                    "pipeline_stages": 1}
@@ -97,7 +98,7 @@ def add_common_args(p: argparse.ArgumentParser, policies: str, model: str = "cpu
     e.add_argument("--model", help=f"named model ({REAL_MODEL}), GGUF file, Hugging Face "
                                     f"directory or preset (tiny, cpu-small; default {model})")
     e.add_argument("--device", help="default cpu")
-    e.add_argument("--dtype", help="default float32")
+    e.add_argument("--dtype", help=DTYPE_HELP)
     e.add_argument("--threads", type=int,
                    help="CPU threads for torch and the kernels (default 1: timings stay steady on a shared machine)")
     e.add_argument("--tensor-parallel-size", type=int,

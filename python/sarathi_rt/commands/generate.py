@@ -7,6 +7,7 @@ import sys
 import time
 
 from sarathi_rt.sampling import SamplingParams
+from sarathi_rt.utils.cpu import DTYPE_HELP
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="sampling seed of each request")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (also bf16, fp16, half)")
+    p.add_argument("--dtype", default=None, help=DTYPE_HELP)
     p.add_argument("--policy", default="sarathi")
     p.add_argument("--token-budget", type=int, default=512)
     p.add_argument("--chunk-size", type=int, default=None)

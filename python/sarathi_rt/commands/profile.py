@@ -48,14 +48,17 @@ def _profile(args: argparse.Namespace, policies: list[str], backend: EngineBacke
     # The largest chunk any of the policies runs: vllm and orca prefill whole prompts.
     max_chunk = max(scheduler_config(args, p, workload, 1).chunk_size or 0 for p in policies)
     max_chunk = min(max_chunk, max(r.num_prompt_tokens for r in workload))
-    engine = backend.engine("sarathi", workload)
-    settings = {"model": str(args.model), "device": args.device, "dtype": args.dtype, "threads": args.threads,
-                "block_size": args.block_size, "num_kv_blocks": engine.executor.num_kv_blocks,
-                "max_num_seqs": args.max_num_seqs, "token_budget": args.token_budget,
-                "max_total_tokens": backend.max_total_tokens, "context_len": context}
     from sarathi_rt.measure.replay import warm_up
     from sarathi_rt.measure.shape_profiling import profile_engine
+    from sarathi_rt.utils.dtypes import dtype_name
 
+    engine = backend.engine("sarathi", workload)
+    # The dtype the engine chose (--dtype may be left to the CPU's BF16 rule).
+    settings = {"model": str(args.model), "device": args.device, "dtype": dtype_name(engine.config.dtype),
+                "threads": args.threads, "block_size": args.block_size,
+                "num_kv_blocks": engine.executor.num_kv_blocks, "max_num_seqs": args.max_num_seqs,
+                "token_budget": args.token_budget, "max_total_tokens": backend.max_total_tokens,
+                "context_len": context}
     warm_up(engine)
     print(f"sarathi-rt profile: {args.model} on {args.device}, {args.threads} thread(s); decodes up to "
           f"{args.max_num_seqs}, chunks up to {max_chunk}, contexts {max(1, context // 4)} and {context}")

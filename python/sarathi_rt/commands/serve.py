@@ -10,6 +10,7 @@ import sys
 from sarathi_rt.scheduler import QoSClass, get_policy
 from sarathi_rt.scheduler.qos import QOS_POLICIES
 from sarathi_rt.sim.budget import ENGINE_ADAPTIVE_CAP
+from sarathi_rt.utils.cpu import DTYPE_HELP
 
 from ._serving import BUDGET_RULES, check_budget_flags, load_qos_classes
 
@@ -33,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                                      "model's own)")
     m.add_argument("--served-model-name", default=None, help="the `model` clients name (default: --model)")
     m.add_argument("--device", default="cpu")
-    m.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    m.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help=DTYPE_HELP)
     m.add_argument("--max-model-len", type=int, default=None)
     m.add_argument("--seed", type=int, default=0, help="seeds the weights of presets and the sampling seeds of "
                                                        "requests that give none")

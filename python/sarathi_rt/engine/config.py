@@ -1,6 +1,7 @@
 """Everything an engine is built from, checked once."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,10 @@ import torch
 
 from sarathi_rt.models import ModelConfig, parse_dtype
 from sarathi_rt.scheduler.qos import QoSClass, check_qos_settings
+from sarathi_rt.utils.cpu import bf16_forced, cpu_dtype, cpu_flags
+from sarathi_rt.utils.dtypes import DTypeLike, dtype_name
+
+log = logging.getLogger("sarathi_rt")
 
 
 DEFAULT_MAX_NUM_SEQS = 128
@@ -22,6 +27,9 @@ def _positive(name: str, value: object) -> None:
 @dataclass(frozen=True)
 class EngineConfig:
     """model: a Hugging Face directory or a preset name (tiny, cpu-small, llama3-8b).
+    dtype None: on the CPU bfloat16 where it has native BF16 (AVX512-BF16 or AMX), else
+    float32; an explicit bfloat16 on a CPU without it runs float32 with a warning unless
+    SARATHI_RT_CPU_BF16=emulate (the rule: sarathi_rt.utils.cpu); float32 on CUDA.
     chunk_size None means the token budget. max_num_seqs None means
     min(DEFAULT_MAX_NUM_SEQS, token_budget) (a step carries every running decode).
     num_kv_blocks None sizes the cache for what max_num_seqs full-length requests can
@@ -49,7 +57,7 @@ class EngineConfig:
 
     model: str | Path
     device: str | torch.device = "cpu"
-    dtype: str | torch.dtype = "float32"
+    dtype: DTypeLike | None = None
     policy: str = "sarathi"
     token_budget: int = 512
     chunk_size: int | None = None
@@ -83,7 +91,7 @@ class EngineConfig:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device is {self.device!r} but no CUDA device is available")
         object.__setattr__(self, "device", device)
-        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        object.__setattr__(self, "dtype", _compute_dtype(self.dtype, device))
         for name in ("token_budget", "max_num_seqs", "block_size", "tensor_parallel_size",
                      "pipeline_parallel_size"):
             _positive(name, getattr(self, name))
@@ -122,3 +130,15 @@ class EngineConfig:
             raise ValueError(f"max_model_len ({self.max_model_len}) exceeds the model's "
                              f"max_position_embeddings ({limit})")
         return self.max_model_len
+
+
+def _compute_dtype(dtype: DTypeLike | None, device: torch.device) -> torch.dtype:
+    """The dtype the engine computes in: `dtype` checked, and on the CPU chosen by the
+    BF16 rule (warning once here, once per engine, when bf16 falls back to float32)."""
+    requested = None if dtype is None else dtype_name(parse_dtype(dtype))
+    if device.type != "cpu":
+        return parse_dtype(requested or "float32")
+    name, warning = cpu_dtype(requested, cpu_flags(), bf16_forced())
+    if warning is not None:
+        log.warning(warning)
+    return parse_dtype(name)
