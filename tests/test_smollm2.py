@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hf_models import greedy
+from smollm2_chats import CONVERSATIONS
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.engine import worker
 from sarathi_rt.models import resolve_model_path
@@ -16,18 +17,6 @@ pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
 MODEL = "smollm2-135m-instruct"
 MAX_TOKENS = 24
-QUESTIONS = [
-    "What is the capital of France?", "Write a haiku about the sea.", "What is 17 + 25?",
-    "Name three primary colors.", "Translate 'good morning' into Spanish.", "Why is the sky blue?",
-    "Give me a synonym for 'happy'.", "What does a CPU do?", "List the days of the week.",
-    "Who wrote Romeo and Juliet?", "Explain photosynthesis in one sentence.", "What is the boiling point of water?",
-    "Suggest a name for a pet cat.", "How many legs does a spider have?",
-]
-CONVERSATIONS = [[{"role": "user", "content": q}] for q in QUESTIONS] + [
-    [{"role": "system", "content": "You answer in French."}, {"role": "user", "content": "How are you?"}],
-    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help?"},
-     {"role": "user", "content": "Tell me a fun fact about octopuses."}],
-]
 
 
 @pytest.fixture(scope="module")
