@@ -15,7 +15,7 @@ Torch-free: the roofline model and the benches read the flags without loading to
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # The x86 flags of native bfloat16 arithmetic (Linux /proc/cpuinfo spelling).
@@ -50,7 +50,7 @@ def missing_bf16(flags: Iterable[str]) -> tuple[str, ...]:
     return () if any(f in have for f in BF16_FLAGS) else BF16_FLAGS
 
 
-def bf16_forced(environ: dict[str, str] | os._Environ = os.environ) -> bool:
+def bf16_forced(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether SARATHI_RT_CPU_BF16=emulate asks for bf16 on a CPU without it. Any other
     non-empty value is a ValueError naming the variable (a typo must not pass silently)."""
     value = environ.get(BF16_ENV, "").strip().lower()
