@@ -64,6 +64,33 @@ def test_head_dims_up_to_256(head_dim: int) -> None:
     assert_matches_reference(batch, batch.run())
 
 
+# Decodes read keys and values straight from the pages at the CPU's register width (4, 8
+# or 16 floats per vector): every GQA group of the direct path (up to 8 rows per KV head),
+# head dims of one to eight whole vectors and ones ending mid-vector or in a padding
+# vector (40: 5 vectors of 8 in a row padded to 48), contexts that end mid-chunk and
+# mid-page, and a long decode that the plan cuts into pieces.
+SMALL_HEAD_DECODES = [(1, 1), (1, 31), (1, 33), (1, 300), (1, 517), (1, 2001)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize("head_dim", [16, 32, 40, 64, 128])
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_decodes_at_every_group_and_head_dim(dtype: torch.dtype, group: int, head_dim: int, block_size: int) -> None:
+    batch = make_batch(SMALL_HEAD_DECODES, num_kv_heads=3, group=group, head_dim=head_dim, block_size=block_size,
+                       dtype=dtype)
+    assert_strictly_close(poison_unowned_slots(batch).run(), batch)
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_one_long_decode_cut_into_pieces(group: int) -> None:
+    batch = poison_unowned_slots(make_batch([(1, 5000)], num_kv_heads=3, group=group, head_dim=64,
+                                            dtype=torch.bfloat16))
+    plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 3 * group)
+    assert plan.num_merges > 0, "the plan should split the decode"
+    assert_strictly_close(batch.run(plan=plan), batch)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_long_context_decode(dtype: torch.dtype) -> None:

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 #include <type_traits>
+#include <utility>
 
 #include "cpu_dtype.h"
 
@@ -17,8 +18,12 @@
 // chosen by CPU model and so never on AMD.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define SRT_CPU_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#define SRT_ISA_LEVELS 1
+#define SRT_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
+#define SRT_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
 #else
 #define SRT_CPU_CLONES
+#define SRT_ISA_LEVELS 0
 #endif
 
 // Helpers are always inlined so that each clone compiles them for its own ISA; for the
@@ -29,58 +34,120 @@
 
 namespace sarathi_rt::cpu {
 
-// Whether SRT_CPU_CLONES runs its x86-64-v4 clone here (AVX-512: 32 vector registers,
-// each holding a whole vf), for kernels that size register blocks to the register file.
-inline bool runs_avx512_clone() {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-  return __builtin_cpu_supports("x86-64-v4");
+// The ISA level this CPU runs, for kernels that pick a vector width per level by hand
+// (the levels SRT_CPU_CLONES compiles for).
+enum class IsaLevel { kBase, kV3, kV4 };
+inline IsaLevel isa_level() {
+#if SRT_ISA_LEVELS
+  static const IsaLevel level = __builtin_cpu_supports("x86-64-v4")   ? IsaLevel::kV4
+                                : __builtin_cpu_supports("x86-64-v3") ? IsaLevel::kV3
+                                                                      : IsaLevel::kBase;
+  return level;
 #else
-  return false;
+  return IsaLevel::kBase;
 #endif
 }
+// Whether SRT_CPU_CLONES runs its x86-64-v4 clone here (AVX-512: 32 vector registers,
+// each holding a whole vf), for kernels that size register blocks to the register file.
+inline bool runs_avx512_clone() { return isa_level() == IsaLevel::kV4; }
+
+// Vectors of W floats (and the integer and half-precision vectors beside them). A kernel
+// whose hot loop must stay in registers takes W as a template parameter and is compiled
+// once per ISA level at that level's register width (SRT_TARGET_V3/V4 above): GCC
+// keeps a vector wider than the target's registers in memory, so 16-float vectors on an
+// AVX2 core pay a store and reload (often split, failing store forwarding) around every
+// operation. The helpers default to kLanes, the width the other kernels use everywhere.
+template <int W>
+struct VecTypes {
+  typedef float f __attribute__((vector_size(W * sizeof(float))));
+  typedef int32_t i __attribute__((vector_size(W * sizeof(int32_t))));
+  typedef uint16_t u16 __attribute__((vector_size(W * sizeof(uint16_t))));
+  typedef uint32_t u32 __attribute__((vector_size(W * sizeof(uint32_t))));
+  typedef f16 h __attribute__((vector_size(W * sizeof(f16))));
+};
+template <int W>
+using vec = typename VecTypes<W>::f;
+template <int W>
+using ivec = typename VecTypes<W>::i;
 
 constexpr int64_t kLanes = 16;
-using vf = float __attribute__((vector_size(kLanes * sizeof(float))));
-using vi = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
-constexpr vi kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+using vf = vec<kLanes>;
+using vi = ivec<kLanes>;
+using vu16 = VecTypes<kLanes>::u16;
+using vu32 = VecTypes<kLanes>::u32;
+using vh = VecTypes<kLanes>::h;
 
-using vu16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-using vu32 = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-using vh = f16 __attribute__((vector_size(kLanes * sizeof(f16))));
+// __builtin_shufflevector(a, b, Map::lane(0), ..., Map::lane(N - 1)): N lanes picked from
+// a (indices < W) and b (W and up), the indices computed at compile time.
+template <typename Map, typename V, typename Out, size_t... I>
+SRT_SIMD_INLINE Out shuffle_impl(const V& a, const V& b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, Map::lane(I)...);
+}
+template <int N, typename Map, typename V>
+SRT_SIMD_INLINE vec<N> shuffle(const V& a, const V& b) {
+  return shuffle_impl<Map, V, vec<N>>(a, b, std::make_index_sequence<N>{});
+}
+template <int Offset>
+struct Run {  // lanes Offset, Offset + 1, ...
+  static constexpr int lane(size_t i) { return Offset + static_cast<int>(i); }
+};
+struct Zero {
+  static constexpr int lane(size_t) { return 0; }
+};
+template <int W>
+SRT_SIMD_INLINE vec<W / 2> low_half(const vec<W>& v) { return shuffle<W / 2, Run<0>>(v, v); }
+template <int W>
+SRT_SIMD_INLINE vec<W / 2> high_half(const vec<W>& v) { return shuffle<W / 2, Run<W / 2>>(v, v); }
 
-// kLanes elements from p as float32; half-precision converts in registers (exactly), so
-// keys and values can be read straight from the cache pages.
-SRT_SIMD_INLINE vf load(const float* p) {
-  vf v;
+template <int W, size_t... I>
+constexpr ivec<W> iota_impl(std::index_sequence<I...>) {
+  return ivec<W>{static_cast<int32_t>(I)...};
+}
+template <int W>
+constexpr ivec<W> iota() {  // lanes 0, 1, ..., W - 1
+  return iota_impl<W>(std::make_index_sequence<W>{});
+}
+constexpr vi kIota = iota<kLanes>();
+
+// W elements from p as float32; half-precision converts in registers (exactly), so keys
+// and values can be read straight from the cache pages.
+template <int W = kLanes>
+SRT_SIMD_INLINE vec<W> load(const float* p) {
+  vec<W> v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-SRT_SIMD_INLINE vf load(const f16* p) {
-  vh h;
+template <int W = kLanes>
+SRT_SIMD_INLINE vec<W> load(const f16* p) {
+  typename VecTypes<W>::h h;
   std::memcpy(&h, p, sizeof(h));
-  return __builtin_convertvector(h, vf);
+  return __builtin_convertvector(h, vec<W>);
 }
-SRT_SIMD_INLINE vf load(const bf16* p) {
-  vu16 h;
+template <int W = kLanes>
+SRT_SIMD_INLINE vec<W> load(const bf16* p) {
+  typename VecTypes<W>::u16 h;
   std::memcpy(&h, p, sizeof(h));
-  const vu32 bits = __builtin_convertvector(h, vu32) << 16;
-  vf v;
+  const typename VecTypes<W>::u32 bits = __builtin_convertvector(h, typename VecTypes<W>::u32) << 16;
+  vec<W> v;
   std::memcpy(&v, &bits, sizeof(v));
   return v;
 }
-// The first n (< kLanes) elements, zeros after them; never reads past p + n.
-template <typename T>
-SRT_SIMD_INLINE vf load_partial(const T* p, int64_t n) {
-  T tail[kLanes] = {};
+// The first n (< W) elements, zeros after them; never reads past p + n.
+template <int W = kLanes, typename T>
+SRT_SIMD_INLINE vec<W> load_partial(const T* p, int64_t n) {
+  T tail[W] = {};
   std::memcpy(tail, p, n * sizeof(T));
-  return load(tail);
+  return load<W>(tail);
 }
-// Lanes d .. d + kLanes of a row holding `len` valid elements (d is a multiple of kLanes).
-template <typename T>
-SRT_SIMD_INLINE vf load_row(const T* row, int64_t d, int64_t len) {
-  return d + kLanes <= len ? load(row + d) : load_partial(row + d, len - d);
+// Lanes d .. d + W of a row holding `len` valid elements (d is a multiple of W), zeros
+// past them: rows padded to 16 floats end in whole vectors of zeros when W < 16.
+template <int W = kLanes, typename T>
+SRT_SIMD_INLINE vec<W> load_row(const T* row, int64_t d, int64_t len) {
+  if (d + W <= len) return load<W>(row + d);
+  return d < len ? load_partial<W>(row + d, len - d) : vec<W>{};
 }
-SRT_SIMD_INLINE void store(float* p, const vf& v) { std::memcpy(p, &v, sizeof(v)); }
+template <typename V>
+SRT_SIMD_INLINE void store(float* p, const V& v) { std::memcpy(p, &v, sizeof(v)); }
 // from_float<bf16> of every lane: round to nearest even, NaN to a quiet NaN.
 SRT_SIMD_INLINE vu16 bf16_bits(const vf& v) {
   vu32 u;
@@ -111,53 +178,57 @@ SRT_SIMD_INLINE void prefetch(const void* p, int64_t bytes) {
 // Lane 0 shuffled to every lane: one broadcast, which AVX-512 folds into an FMA's memory
 // operand. (vf{} + x costs a scalar add first, as x + 0 is not x when x is -0, and a
 // braced list of x made GCC 12 insert lane by lane.)
-static_assert(kLanes == 16, "splat's shuffle names every lane");
-SRT_SIMD_INLINE vf splat(float x) {
-  const vf v = {x};
-  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+template <int W = kLanes>
+SRT_SIMD_INLINE vec<W> splat(float x) {
+  const vec<W> v = {x};
+  return shuffle<W, Zero>(v, v);
 }
 
-// Pairwise halving tree: a fixed order (so results are reproducible) that costs four
-// vector adds instead of fifteen dependent scalar ones.
-SRT_SIMD_INLINE float reduce_add(const vf& v) {
-  using v8 = float __attribute__((vector_size(8 * sizeof(float))));
-  using v4 = float __attribute__((vector_size(4 * sizeof(float))));
-  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
+// Pairwise halving tree: a fixed order (so results are reproducible) that costs log2(W)
+// vector adds instead of W - 1 dependent scalar ones.
+template <int W = kLanes>
+SRT_SIMD_INLINE float reduce_add(const vec<W>& v) {
+  if constexpr (W == 4) {
+    return (v[0] + v[2]) + (v[1] + v[3]);
+  } else {
+    return reduce_add<W / 2>(low_half<W>(v) + high_half<W>(v));
+  }
 }
-// reduce_add of sixteen vectors at once: lane j of the result is reduce_add(v[j]), bit for
-// bit (each level adds the same pairs, two vectors' worth per vector add), in 15 vector
-// adds instead of 16 separate trees with their scalar tails.
-SRT_SIMD_INLINE vf reduce_add16(const vf (&v)[kLanes]) {
-  vf a[8], b[4], c[2];
-  for (int k = 0; k < 8; ++k) {  // a[k]: lanes i and i + 8 of v[2k] (lanes 0-7), v[2k+1] (8-15)
-    a[k] = __builtin_shufflevector(v[2 * k], v[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-           __builtin_shufflevector(v[2 * k], v[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+// One level of reduce_addN: blocks of 2 * Half lanes of a (then of b) folded to Half lanes
+// each, the low half of each block plus its high half.
+template <int W, int Half, int Offset>
+struct Fold {
+  static constexpr int lane(size_t i) {
+    const int o = static_cast<int>(i) % (W / 2), source = static_cast<int>(i) < W / 2 ? 0 : W;
+    return source + (o / Half) * 2 * Half + o % Half + Offset;
   }
-  for (int k = 0; k < 4; ++k) {  // b[k]: a's lanes i and i + 4, four sources of four lanes
-    b[k] = __builtin_shufflevector(a[2 * k], a[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-           __builtin_shufflevector(a[2 * k], a[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+};
+// reduce_add of W vectors at once: lane j of the result sums v[j]'s lanes, every sum in
+// the same fixed order (each level adds lanes Half apart, two vectors' worth per vector
+// add), in W - 1 vector adds instead of W separate trees with their scalar tails.
+template <int W, int Half = W / 2>
+SRT_SIMD_INLINE vec<W> reduce_addN(const vec<W>* v) {
+  vec<W> folded[Half];  // this level's vectors: W / 2, W / 4, ..., 1
+  for (int k = 0; k < Half; ++k) {
+    folded[k] = shuffle<W, Fold<W, Half, 0>>(v[2 * k], v[2 * k + 1]) +
+                shuffle<W, Fold<W, Half, Half>>(v[2 * k], v[2 * k + 1]);
   }
-  for (int k = 0; k < 2; ++k) {  // c[k]: (b0 + b2, b1 + b3) of eight sources
-    c[k] = __builtin_shufflevector(b[2 * k], b[2 * k + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-           __builtin_shufflevector(b[2 * k], b[2 * k + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  if constexpr (Half == 1) {
+    return folded[0];
+  } else {
+    return reduce_addN<W, Half / 2>(folded);
   }
-  return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-         __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 // Any order gives the same maximum; the halving tree keeps it in vector registers.
-SRT_SIMD_INLINE float reduce_max(const vf& v) {
-  using v8 = float __attribute__((vector_size(8 * sizeof(float))));
-  using v4 = float __attribute__((vector_size(4 * sizeof(float))));
-  const v8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  const v8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v8 a = lo > hi ? lo : hi;
-  const v4 a0 = __builtin_shufflevector(a, a, 0, 1, 2, 3), a1 = __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  const v4 b = a0 > a1 ? a0 : a1;
-  const float m0 = b[0] > b[2] ? b[0] : b[2], m1 = b[1] > b[3] ? b[1] : b[3];
-  return m0 > m1 ? m0 : m1;
+template <int W = kLanes>
+SRT_SIMD_INLINE float reduce_max(const vec<W>& v) {
+  if constexpr (W == 4) {
+    const float m0 = v[0] > v[2] ? v[0] : v[2], m1 = v[1] > v[3] ? v[1] : v[3];
+    return m0 > m1 ? m0 : m1;
+  } else {
+    const vec<W / 2> lo = low_half<W>(v), hi = high_half<W>(v);
+    return reduce_max<W / 2>(lo > hi ? lo : hi);
+  }
 }
 
 // For std::vector: cache-line-aligned storage, so that no vector load or store of a
@@ -178,21 +249,22 @@ struct LineAllocator {
 // 2^x for x <= 0: n = nearest integer, 2^(x - n) by its Taylor series (|x - n| <= 1/2,
 // relative error ~1e-7), times 2^n built in the exponent bits. Below -126 the result is
 // exactly 0, so masked (-inf) scores contribute nothing; NaN stays NaN.
-SRT_SIMD_INLINE vf exp2_nonpositive(const vf& x) {
-  const vf clamped = x < -126.0f ? splat(-126.0f) : x;
-  const vi n = __builtin_convertvector(clamped - 0.5f, vi);  // truncation rounds toward 0
-  const vf r = clamped - __builtin_convertvector(n, vf);
-  vf p = splat(1.5403530393381606e-4f);  // ln2^6 / 6!
+template <int W = kLanes>
+SRT_SIMD_INLINE vec<W> exp2_nonpositive(const vec<W>& x) {
+  const vec<W> clamped = x < -126.0f ? splat<W>(-126.0f) : x;
+  const ivec<W> n = __builtin_convertvector(clamped - 0.5f, ivec<W>);  // truncation rounds toward 0
+  const vec<W> r = clamped - __builtin_convertvector(n, vec<W>);
+  vec<W> p = splat<W>(1.5403530393381606e-4f);  // ln2^6 / 6!
   p = p * r + 1.3333558146428443e-3f;
   p = p * r + 9.6181291076284772e-3f;
   p = p * r + 5.5504108664821580e-2f;
   p = p * r + 2.4022650695910071e-1f;
   p = p * r + 6.9314718055994531e-1f;
   p = p * r + 1.0f;
-  const vi bits = (n + 127) << 23;
-  vf scale;
+  const ivec<W> bits = (n + 127) << 23;
+  vec<W> scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -126.0f ? vf{} : p * scale;
+  return x < -126.0f ? vec<W>{} : p * scale;
 }
 
 }  // namespace sarathi_rt::cpu

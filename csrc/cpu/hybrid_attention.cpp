@@ -31,12 +31,17 @@
 namespace sarathi_rt {
 namespace {
 
-using cpu::kLanes;
-using cpu::vf;
+template <int W>
+using vec = cpu::vec<W>;
 
-constexpr int64_t kKeyChunk = 2 * kLanes;  // keys per online-softmax step
-static_assert(kLanes == kCpuVectorLanes, "the planner sizes CPU partial rows by kCpuVectorLanes");
-constexpr int64_t kRowBlock = 4;           // rows sharing each loaded key/value vector
+// The vector width W is the ISA level's register width (run_item's entry points below):
+// 4 floats at the base level, 8 with AVX2, 16 with AVX-512. Rows are padded to
+// kCpuVectorLanes (as the planner sizes partial rows), a multiple of every W.
+constexpr int64_t kMaxLanes = 16;
+static_assert(kCpuVectorLanes % kMaxLanes == 0, "a padded row must hold whole vectors of every width");
+constexpr int64_t kKeyChunk = 32;  // keys per online-softmax step
+static_assert(kKeyChunk % kMaxLanes == 0, "a softmax step scores whole vectors of keys");
+constexpr int64_t kRowBlock = 4;   // rows sharing each loaded key/value vector
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kKeysPerChunk % kKeyChunk == 0, "split pieces must start on a softmax step");
 
@@ -78,7 +83,6 @@ struct Chunk {
   const KT* k[kKeyChunk];
   const KT* v[kKeyChunk];
   int64_t j0, n, len, heads, head_stride;
-  int64_t row_bytes;  // of a token's value row, all the item's heads
 };
 
 // Element offsets of one KV head at consecutive positions of a sequence, from `pos` on:
@@ -114,108 +118,113 @@ struct RowBlock {
 // Online softmax for one row: keys at or past `visible` are masked. Turns the row's
 // scores into probabilities relative to the new running max, rescaling the row's
 // accumulator only when that max grew.
+template <int W>
 SRT_SIMD_INLINE void softmax_step(float* s, int64_t visible, float& m, float& l, float* acc, int64_t dim_padded) {
   if (visible <= 0) {  // a key range this row cannot see (a slice of a split item)
     std::fill(s, s + kKeyChunk, 0.0f);
     return;
   }
-  const vf neg_inf = cpu::splat(-std::numeric_limits<float>::infinity());
-  vf x[2];
-  for (int64_t h = 0; h < 2; ++h) {
-    const cpu::vi lane = cpu::kIota + static_cast<int32_t>(h * kLanes);
-    x[h] = lane < static_cast<int32_t>(visible) ? cpu::load(s + h * kLanes) : neg_inf;
+  constexpr int kVecs = kKeyChunk / W;
+  const vec<W> neg_inf = cpu::splat<W>(-std::numeric_limits<float>::infinity());
+  vec<W> x[kVecs];
+  vec<W> top = neg_inf;
+  for (int h = 0; h < kVecs; ++h) {
+    const cpu::ivec<W> lane = cpu::iota<W>() + static_cast<int32_t>(h * W);
+    x[h] = lane < static_cast<int32_t>(visible) ? cpu::load<W>(s + h * W) : neg_inf;
+    top = x[h] > top ? x[h] : top;
   }
-  const float chunk_max = cpu::reduce_max(x[0] > x[1] ? x[0] : x[1]);
+  const float chunk_max = cpu::reduce_max<W>(top);
   if (chunk_max > m) {
     const float correction = std::exp2(m - chunk_max);  // 0 on the first chunk
     l *= correction;
-    for (int64_t d = 0; d < dim_padded; d += kLanes) cpu::store(acc + d, cpu::load(acc + d) * correction);
+    for (int64_t d = 0; d < dim_padded; d += W) cpu::store(acc + d, cpu::load<W>(acc + d) * correction);
     m = chunk_max;
   }
-  const vf p0 = cpu::exp2_nonpositive(x[0] - m), p1 = cpu::exp2_nonpositive(x[1] - m);
-  cpu::store(s, p0);
-  cpu::store(s + kLanes, p1);
-  l += cpu::reduce_add(p0 + p1);
+  vec<W> sum{};
+  for (int h = 0; h < kVecs; ++h) {
+    const vec<W> p = cpu::exp2_nonpositive<W>(x[h] - m);
+    cpu::store(s + h * W, p);
+    sum += p;
+  }
+  l += cpu::reduce_add<W>(sum);
 }
 
 // s[i][j] = q[i] . key j for the block's rows and the chunk's keys of the head whose key
 // rows start `head` elements into the chunk's: per lane a running sum over head_dim, then
-// reduce_add's tree (sixteen keys at once), so a score's bits depend neither on the rows
+// reduce_add's tree (W keys at once), so a score's bits depend neither on the rows
 // or keys beside it nor on where its key was read. Lanes past the chunk's keys score 0
 // (softmax_step masks them).
-template <int R, typename KT>
+template <int R, int W, typename KT>
 SRT_SIMD_INLINE void score_keys(const Chunk<KT>& c, int64_t head, const RowBlock& b) {
   const int64_t Dp = b.dim_padded;
-  for (int64_t g = 0; g < c.n; g += kLanes) {
-    vf dot[R][kLanes];
-    const int64_t m = std::min(kLanes, c.n - g);
+  for (int64_t g = 0; g < c.n; g += W) {
+    vec<W> dot[R][W];
+    const int64_t m = std::min<int64_t>(W, c.n - g);
     for (int64_t j = 0; j < m; ++j) {
       const KT* key = c.k[g + j] + head;
-      vf sum[R] = {};
-      for (int64_t d = 0; d < Dp; d += kLanes) {
-        const vf k = cpu::load_row(key, d, c.len);
-        for (int i = 0; i < R; ++i) sum[i] += cpu::load(b.q + i * Dp + d) * k;
+      vec<W> sum[R] = {};
+      for (int64_t d = 0; d < Dp; d += W) {
+        const vec<W> k = cpu::load_row<W>(key, d, c.len);
+        for (int i = 0; i < R; ++i) sum[i] += cpu::load<W>(b.q + i * Dp + d) * k;
       }
       for (int i = 0; i < R; ++i) dot[i][j] = sum[i];
     }
-    for (int64_t j = m; j < kLanes; ++j) {
-      for (int i = 0; i < R; ++i) dot[i][j] = vf{};
+    for (int64_t j = m; j < W; ++j) {
+      for (int i = 0; i < R; ++i) dot[i][j] = vec<W>{};
     }
-    for (int i = 0; i < R; ++i) cpu::store(b.s + i * kKeyChunk + g, cpu::reduce_add16(dot[i]));
+    for (int i = 0; i < R; ++i) cpu::store(b.s + i * kKeyChunk + g, cpu::reduce_addN<W>(dot[i]));
   }
 }
 
 // acc[i] += sum_j p[i][j] v[j] over the chunk's keys in order, for the head whose value
 // rows start `head` elements into the chunk's.
-template <int R, typename KT>
+template <int R, int W, typename KT>
 SRT_SIMD_INLINE void accumulate_pv(const Chunk<KT>& c, int64_t head, const RowBlock& b) {
   const int64_t Dp = b.dim_padded;
-  for (int64_t d = 0; d < Dp; d += kLanes) {
-    vf a[R];
-    for (int i = 0; i < R; ++i) a[i] = cpu::load(b.acc + i * Dp + d);
+  for (int64_t d = 0; d < Dp; d += W) {
+    vec<W> a[R];
+    for (int i = 0; i < R; ++i) a[i] = cpu::load<W>(b.acc + i * Dp + d);
     for (int64_t j = 0; j < c.n; ++j) {
-      const vf value = cpu::load_row(c.v[j] + head, d, c.len);
-      for (int i = 0; i < R; ++i) a[i] += cpu::splat(b.s[i * kKeyChunk + j]) * value;
+      const vec<W> value = cpu::load_row<W>(c.v[j] + head, d, c.len);
+      for (int i = 0; i < R; ++i) a[i] += cpu::splat<W>(b.s[i * kKeyChunk + j]) * value;
     }
     for (int i = 0; i < R; ++i) cpu::store(b.acc + i * Dp + d, a[i]);
   }
 }
 
 // One chunk for all rows of the item (per_head rows for each of its heads), in blocks of
-// up to kRowBlock rows that share each loaded key/value vector. Every token's value row
-// is requested first, long before P V reads it head by head.
-template <typename KT>
+// up to kRowBlock rows that share each loaded key/value vector.
+template <int W, typename KT>
 SRT_SIMD_INLINE void attend_chunk(const Chunk<KT>& c, int64_t per_head, int64_t Dp, Scratch& t) {
-  for (int64_t j = 0; j < c.n; ++j) cpu::prefetch(c.v[j], c.row_bytes);
   for (int64_t h = 0; h < c.heads; ++h) {
     for (int64_t r = h * per_head, end = r + per_head; r < end; r += kRowBlock) {
       const RowBlock b(t, r, Dp);
       switch (std::min(kRowBlock, end - r)) {
-        case 4: score_keys<4>(c, h * c.head_stride, b); break;
-        case 3: score_keys<3>(c, h * c.head_stride, b); break;
-        case 2: score_keys<2>(c, h * c.head_stride, b); break;
-        default: score_keys<1>(c, h * c.head_stride, b); break;
+        case 4: score_keys<4, W>(c, h * c.head_stride, b); break;
+        case 3: score_keys<3, W>(c, h * c.head_stride, b); break;
+        case 2: score_keys<2, W>(c, h * c.head_stride, b); break;
+        default: score_keys<1, W>(c, h * c.head_stride, b); break;
       }
     }
   }
   for (int64_t r = 0; r < c.heads * per_head; ++r) {
-    softmax_step(t.s.data() + r * kKeyChunk, t.visible[r] - c.j0, t.m[r], t.l[r], t.acc.data() + r * Dp, Dp);
+    softmax_step<W>(t.s.data() + r * kKeyChunk, t.visible[r] - c.j0, t.m[r], t.l[r], t.acc.data() + r * Dp, Dp);
   }
   for (int64_t h = 0; h < c.heads; ++h) {
     for (int64_t r = h * per_head, end = r + per_head; r < end; r += kRowBlock) {
       const RowBlock b(t, r, Dp);
       switch (std::min(kRowBlock, end - r)) {
-        case 4: accumulate_pv<4>(c, h * c.head_stride, b); break;
-        case 3: accumulate_pv<3>(c, h * c.head_stride, b); break;
-        case 2: accumulate_pv<2>(c, h * c.head_stride, b); break;
-        default: accumulate_pv<1>(c, h * c.head_stride, b); break;
+        case 4: accumulate_pv<4, W>(c, h * c.head_stride, b); break;
+        case 3: accumulate_pv<3, W>(c, h * c.head_stride, b); break;
+        case 2: accumulate_pv<2, W>(c, h * c.head_stride, b); break;
+        default: accumulate_pv<1, W>(c, h * c.head_stride, b); break;
       }
     }
   }
 }
 
-template <typename T>
-SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
+template <typename T, int W>
+SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
                              float* partials) {
   const ItemRows ir{w.kv_head, w.num_heads, w.row_begin, w.num_rows, sh.group};
   const int64_t rows = ir.count(), per_head = w.num_rows;
@@ -236,32 +245,45 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
   const auto* k_cache = static_cast<const T*>(p.k_cache);
   const auto* v_cache = static_cast<const T*>(p.v_cache);
   const int64_t k_stop = *std::max_element(t.visible.begin(), t.visible.begin() + rows);
+  // Key offsets one chunk ahead of the chunk computed, their key and value rows (all the
+  // item's heads) requested as they are found: a page's rows are contiguous but pages are
+  // scattered, which no hardware prefetcher follows, and a decode has nothing to hide
+  // the wait behind but the previous chunk's math.
   const int64_t row_bytes = w.num_heads * sh.dim * static_cast<int64_t>(sizeof(T));
-  for (int64_t j0 = w.kv_begin; j0 < k_stop; j0 += kKeyChunk) {
+  PageWalk walk(p.layout, table, w.kv_begin, w.kv_head);
+  int64_t offsets[2][kKeyChunk];
+  const auto find_chunk = [&](int64_t j0, int64_t* off) {
+    for (int64_t j = 0, n = std::min(kKeyChunk, k_stop - j0); j < n; ++j) {
+      off[j] = walk.next();
+      cpu::prefetch(k_cache + off[j], row_bytes);
+      cpu::prefetch(v_cache + off[j], row_bytes);
+    }
+  };
+  find_chunk(w.kv_begin, offsets[0]);
+  for (int64_t j0 = w.kv_begin, at = 0; j0 < k_stop; j0 += kKeyChunk, at ^= 1) {
     const int64_t n = std::min(kKeyChunk, k_stop - j0);
-    PageWalk walk(p.layout, table, j0, w.kv_head);
+    if (j0 + kKeyChunk < k_stop) find_chunk(j0 + kKeyChunk, offsets[at ^ 1]);
+    const int64_t* off = offsets[at];
     if (per_head <= kCpuDirectRows) {
-      Chunk<T> c{{}, {}, j0, n, sh.dim, w.num_heads, sh.dim, row_bytes};
+      Chunk<T> c{{}, {}, j0, n, sh.dim, w.num_heads, sh.dim};
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t off = walk.next();
-        c.k[j] = k_cache + off;
-        c.v[j] = v_cache + off;
+        c.k[j] = k_cache + off[j];
+        c.v[j] = v_cache + off[j];
       }
-      attend_chunk(c, per_head, Dp, t);
+      attend_chunk<W>(c, per_head, Dp, t);
     } else {  // many rows share each key: convert the chunk to float32 once (one head)
-      Chunk<float> c{{}, {}, j0, n, Dp, 1, Dp, Dp * static_cast<int64_t>(sizeof(float))};
+      Chunk<float> c{{}, {}, j0, n, Dp, 1, Dp};
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t off = walk.next();
         float* k = t.k.data() + j * Dp;
         float* v = t.v.data() + j * Dp;
-        for (int64_t d = 0; d < Dp; d += kLanes) {
-          cpu::store(k + d, cpu::load_row(k_cache + off, d, sh.dim));
-          cpu::store(v + d, cpu::load_row(v_cache + off, d, sh.dim));
+        for (int64_t d = 0; d < Dp; d += W) {
+          cpu::store(k + d, cpu::load_row<W>(k_cache + off[j], d, sh.dim));
+          cpu::store(v + d, cpu::load_row<W>(v_cache + off[j], d, sh.dim));
         }
         c.k[j] = k;
         c.v[j] = v;
       }
-      attend_chunk(c, per_head, Dp, t);
+      attend_chunk<W>(c, per_head, Dp, t);
     }
   }
 
@@ -280,6 +302,38 @@ SRT_CPU_CLONES void run_item(const HybridAttentionParams& p, const Shape& sh, co
     const float inv = t.l[r] > 0.0f ? 1.0f / t.l[r] : 0.0f;
     for (int64_t d = 0; d < sh.dim; ++d) dst[d] = cpu::from_float<T>(t.acc[r * Dp + d] * inv);
   }
+}
+
+// run_item compiled at each ISA level's register width, chosen once per call.
+template <typename T>
+using ItemFn = void (*)(const HybridAttentionParams&, const Shape&, const AttentionWorkItem&, Scratch&, float*);
+#if SRT_ISA_LEVELS
+template <typename T>
+SRT_TARGET_V4 void run_item_v4(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
+                               float* partials) {
+  run_item<T, 16>(p, sh, w, t, partials);
+}
+template <typename T>
+SRT_TARGET_V3 void run_item_v3(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
+                               float* partials) {
+  run_item<T, 8>(p, sh, w, t, partials);
+}
+#endif
+template <typename T>
+void run_item_base(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
+                   float* partials) {
+  run_item<T, 4>(p, sh, w, t, partials);
+}
+template <typename T>
+ItemFn<T> item_fn() {
+#if SRT_ISA_LEVELS
+  switch (cpu::isa_level()) {
+    case cpu::IsaLevel::kV4: return run_item_v4<T>;
+    case cpu::IsaLevel::kV3: return run_item_v3<T>;
+    case cpu::IsaLevel::kBase: break;
+  }
+#endif
+  return run_item_base<T>;
 }
 
 // Combines the pieces of one split tile (in key order, so results are deterministic):
@@ -319,7 +373,7 @@ int max_threads() {
 }
 
 Shape shape_of(const HybridAttentionParams& p) {
-  return Shape{p.num_q_heads / p.layout.num_kv_heads, p.layout.head_dim, round_up(p.layout.head_dim, kLanes),
+  return Shape{p.num_q_heads / p.layout.num_kv_heads, p.layout.head_dim, round_up(p.layout.head_dim, kCpuVectorLanes),
                std::max<int64_t>(kWideTileRows, kCpuDirectRows * p.layout.num_kv_heads),
                attention_partial_row_floats(AttentionKernel::kCpu, p.layout.head_dim)};
 }
@@ -343,12 +397,13 @@ void run_plan(const HybridAttentionParams& p, const Shape& sh, const int32_t* pl
   }
   // Sized from this plan's partial rows, not the capacity.
   std::unique_ptr<float[]> partials(new float[static_cast<size_t>(plan[kPlanNumPartialRows] * sh.partial_floats)]);
+  const ItemFn<T> run = item_fn<T>();
 
 #pragma omp parallel
   {
     Scratch scratch(sh);
 #pragma omp for schedule(dynamic, 1)
-    for (size_t i = 0; i < order.size(); ++i) run_item<T>(p, sh, items[order[i]], scratch, partials.get());
+    for (size_t i = 0; i < order.size(); ++i) run(p, sh, items[order[i]], scratch, partials.get());
 #pragma omp for schedule(dynamic, 1)
     for (int64_t m = 0; m < num_merges; ++m) merge_pieces<T>(p, sh, merges[m], partials.get());
   }
