@@ -175,6 +175,12 @@ SRT_SIMD_INLINE void store_row(T* row, int64_t d, int64_t len, const vf& v) {
 SRT_SIMD_INLINE void prefetch(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b);
 }
+// The same into the L2 cache only: for data needed a while later, which would evict
+// what is in use if it went to L1 (a 32-key chunk of 3 heads at head_dim 64 is 48 KB of
+// float32 keys and values, more than an L1).
+SRT_SIMD_INLINE void prefetch_l2(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b, 0, 1);
+}
 // Lane 0 shuffled to every lane: one broadcast, which AVX-512 folds into an FMA's memory
 // operand. (vf{} + x costs a scalar add first, as x + 0 is not x when x is -0, and a
 // braced list of x made GCC 12 insert lane by lane.)

@@ -186,7 +186,9 @@ SRT_SIMD_INLINE void accumulate_pv(const Chunk<KT>& c, int64_t head, const RowBl
     for (int i = 0; i < R; ++i) a[i] = cpu::load<W>(b.acc + i * Dp + d);
     for (int64_t j = 0; j < c.n; ++j) {
       const vec<W> value = cpu::load_row<W>(c.v[j] + head, d, c.len);
-      for (int i = 0; i < R; ++i) a[i] += cpu::splat<W>(b.s[i * kKeyChunk + j]) * value;
+      // scalar * vector: one broadcast from memory per row (GCC 12 builds splat()'s
+      // vector lane by lane here once the rows' scores sit 32 floats apart)
+      for (int i = 0; i < R; ++i) a[i] += b.s[i * kKeyChunk + j] * value;
     }
     for (int i = 0; i < R; ++i) cpu::store(b.acc + i * Dp + d, a[i]);
   }
@@ -255,8 +257,8 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
   const auto find_chunk = [&](int64_t j0, int64_t* off) {
     for (int64_t j = 0, n = std::min(kKeyChunk, k_stop - j0); j < n; ++j) {
       off[j] = walk.next();
-      cpu::prefetch(k_cache + off[j], row_bytes);
-      cpu::prefetch(v_cache + off[j], row_bytes);
+      cpu::prefetch_l2(k_cache + off[j], row_bytes);
+      cpu::prefetch_l2(v_cache + off[j], row_bytes);
     }
   };
   find_chunk(w.kv_begin, offsets[0]);
