@@ -203,13 +203,14 @@ def engine_cell(model: str, n: int, length_scale: float, qps_start: float, probe
             print(f"  {round_:5d} | {name:11s} | {rate:5.3f} | {steps[-1] * 1e3:7.0f} | {attained:21s} | {'y' if passed else 'n'}  | "
                   f"{os.getloadavg()[0]:.1f}", flush=True)
     cap = {name: s.result.max_qps for name, s in searches.items()}
+    if cap["fcfs"] == 0:
+        executor.shutdown()
+        print("  FCFS failed at every probed rate: no overload to run (lower --engine-start)")
+        return
     overload = {factor: tuple(run(factor * cap["fcfs"], MIX, policy, n) for policy in ("fcfs", "deadline"))
                 for factor in (1.5, 2.0)}
     cell = Cell(cap["fcfs"], cap["deadline"], cap["chat silo"], cap["batch silo"], overload)  # type: ignore[arg-type]
     executor.shutdown()
-    if cell.fcfs == 0:
-        print("  FCFS failed at every probed rate: lower --engine-start")
-        return
     print_cell(f"engine ({n} requests per mix run)", cell)
     print(f"  full steps measured before the runs: {min(steps) * 1e3:.0f}-{max(steps) * 1e3:.0f} ms")
 

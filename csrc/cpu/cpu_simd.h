@@ -47,9 +47,6 @@ inline IsaLevel isa_level() {
   return IsaLevel::kBase;
 #endif
 }
-// Whether SRT_CPU_CLONES runs its x86-64-v4 clone here (AVX-512: 32 vector registers,
-// each holding a whole vf), for kernels that size register blocks to the register file.
-inline bool runs_avx512_clone() { return isa_level() == IsaLevel::kV4; }
 
 // Vectors of W floats (and the integer and half-precision vectors beside them). A kernel
 // whose hot loop must stay in registers takes W as a template parameter and is compiled

@@ -8,8 +8,6 @@
 // the same order, then reduced by reduce_add, whatever block or tile its row falls in, so
 // a row's result does not depend on the other rows in the call.
 #include <algorithm>
-#include <cstring>
-#include <type_traits>
 
 #include "cpu_simd.h"
 #include "sarathi_rt/gemm.h"
@@ -27,74 +25,29 @@ constexpr int64_t kTileBytes = 256 << 10;
 // must fit the register file or the loop spills (which made AVX2 2.9x slower than torch's
 // GEMM at 64 rows). AVX-512 (32 registers of 16 floats): 16-float vectors, 4 x 4, 21
 // live. Everything else (AVX2: 16 registers of 8 floats): 8-float vectors, 4 x 3, 16 live.
-using v8 = float __attribute__((vector_size(8 * sizeof(float))));
-using vh8 = cpu::f16 __attribute__((vector_size(8 * sizeof(cpu::f16))));
-using vu16x8 = uint16_t __attribute__((vector_size(8 * sizeof(uint16_t))));
-using vu32x8 = uint32_t __attribute__((vector_size(8 * sizeof(uint32_t))));
-
-SRT_SIMD_INLINE v8 load8(const float* p) {
-  v8 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-SRT_SIMD_INLINE v8 load8(const cpu::f16* p) {
-  vh8 h;
-  std::memcpy(&h, p, sizeof(h));
-  return __builtin_convertvector(h, v8);
-}
-SRT_SIMD_INLINE v8 load8(const cpu::bf16* p) {
-  vu16x8 h;
-  std::memcpy(&h, p, sizeof(h));
-  const vu32x8 bits = __builtin_convertvector(h, vu32x8) << 16;
-  v8 v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
-}
-
-template <typename V, typename T>
-SRT_SIMD_INLINE V load_lanes(const T* p) {
-  if constexpr (std::is_same_v<V, cpu::vf>) {
-    return cpu::load(p);
-  } else {
-    return load8(p);
-  }
-}
-// The first n elements (n < the vector's lanes), zeros after them; never reads past p + n.
-template <typename V, typename T>
-SRT_SIMD_INLINE V load_lanes_partial(const T* p, int64_t n) {
-  T tail[sizeof(V) / sizeof(float)] = {};
-  std::memcpy(tail, p, n * sizeof(T));
-  return load_lanes<V>(tail);
-}
-
-// A fixed pairwise order, as cpu::reduce_add's.
-SRT_SIMD_INLINE float reduce(const cpu::vf& v) { return cpu::reduce_add(v); }
-SRT_SIMD_INLINE float reduce(const v8& v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
-
-template <typename T, typename V, int64_t BM, int64_t BN>
+template <typename T, int W, int64_t BM, int64_t BN>
 SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
-  constexpr int64_t lanes = sizeof(V) / sizeof(float);
   // Fixed trip counts keep the accumulators in registers: a block past the last row
   // reads the last row again and discards it.
   const T* x[BM];
   const T* w[BN];
   for (int64_t i = 0; i < BM; ++i) x[i] = static_cast<const T*>(p.x) + std::min(m0 + i, p.m - 1) * p.ldx;
   for (int64_t j = 0; j < BN; ++j) w[j] = static_cast<const T*>(p.w) + std::min(n0 + j, p.n - 1) * p.ldw;
-  V acc[BM][BN] = {};
-  const int64_t full = p.k / lanes * lanes;
-  for (int64_t k = 0; k < full; k += lanes) {
-    V wv[BN];
-    for (int64_t j = 0; j < BN; ++j) wv[j] = load_lanes<V>(w[j] + k);
+  cpu::vec<W> acc[BM][BN] = {};
+  const int64_t full = p.k / W * W;
+  for (int64_t k = 0; k < full; k += W) {
+    cpu::vec<W> wv[BN];
+    for (int64_t j = 0; j < BN; ++j) wv[j] = cpu::load<W>(w[j] + k);
     for (int64_t i = 0; i < BM; ++i) {
-      const V xv = load_lanes<V>(x[i] + k);
+      const cpu::vec<W> xv = cpu::load<W>(x[i] + k);
       for (int64_t j = 0; j < BN; ++j) acc[i][j] += xv * wv[j];
     }
   }
   if (full < p.k) {  // the same sum, its last lanes zero-padded
-    V wv[BN];
-    for (int64_t j = 0; j < BN; ++j) wv[j] = load_lanes_partial<V>(w[j] + full, p.k - full);
+    cpu::vec<W> wv[BN];
+    for (int64_t j = 0; j < BN; ++j) wv[j] = cpu::load_partial<W>(w[j] + full, p.k - full);
     for (int64_t i = 0; i < BM; ++i) {
-      const V xv = load_lanes_partial<V>(x[i] + full, p.k - full);
+      const cpu::vec<W> xv = cpu::load_partial<W>(x[i] + full, p.k - full);
       for (int64_t j = 0; j < BN; ++j) acc[i][j] += xv * wv[j];
     }
   }
@@ -104,7 +57,7 @@ SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
   for (int64_t i = 0; i < rows_m; ++i) {
     for (int64_t j = 0; j < rows_n; ++j) {
       const float b = bias != nullptr ? cpu::to_float(bias[n0 + j]) : 0.0f;
-      y[i * p.ldy + j] = cpu::from_float<T>(reduce(acc[i][j]) + b);
+      y[i * p.ldy + j] = cpu::from_float<T>(cpu::reduce_add<W>(acc[i][j]) + b);
     }
   }
 }
@@ -112,14 +65,14 @@ SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
 // w's row blocks [blk0, blk1) against x's rows [t0, t1), compiled per ISA. The clones
 // sit inside the OpenMP loop, not around it: GCC outlines a parallel loop's body into a
 // function that target_clones does not clone, which would run it at the baseline ISA.
-template <typename T, typename V, int64_t BM, int64_t BN>
+template <typename T, int W, int64_t BM, int64_t BN>
 SRT_CPU_CLONES void gemm_range(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
   for (int64_t blk = blk0; blk < blk1; ++blk) {
-    for (int64_t m0 = t0; m0 < t1; m0 += BM) gemm_block<T, V, BM, BN>(p, m0, blk * BN);
+    for (int64_t m0 = t0; m0 < t1; m0 += BM) gemm_block<T, W, BM, BN>(p, m0, blk * BN);
   }
 }
 
-template <typename T, typename V, int64_t BM, int64_t BN>
+template <typename T, int W, int64_t BM, int64_t BN>
 void gemm_streamed(const GemmParams& p) {
   constexpr int64_t kBlocksPerTask = 64;  // a call per 256 of w's rows: its cost vanishes
   const int64_t row_bytes = std::max<int64_t>(1, p.k * int64_t{sizeof(T)});
@@ -129,18 +82,17 @@ void gemm_streamed(const GemmParams& p) {
     const int64_t t1 = std::min(p.m, t0 + tile);
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
-      gemm_range<T, V, BM, BN>(p, task * kBlocksPerTask, std::min(blocks, (task + 1) * kBlocksPerTask), t0, t1);
+      gemm_range<T, W, BM, BN>(p, task * kBlocksPerTask, std::min(blocks, (task + 1) * kBlocksPerTask), t0, t1);
     }
   }
 }
 
 template <typename T>
 void gemm_streamed_for_cpu(const GemmParams& p) {
-  static const bool avx512 = cpu::runs_avx512_clone();
-  if (avx512) {
-    gemm_streamed<T, cpu::vf, 4, 4>(p);
+  if (cpu::isa_level() == cpu::IsaLevel::kV4) {
+    gemm_streamed<T, 16, 4, 4>(p);
   } else {
-    gemm_streamed<T, v8, 4, 3>(p);
+    gemm_streamed<T, 8, 4, 3>(p);
   }
 }
 
