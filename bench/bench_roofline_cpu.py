@@ -44,8 +44,9 @@ from sarathi_rt import LLM  # noqa: E402
 from sarathi_rt.engine.executor import InProcessExecutor  # noqa: E402
 from sarathi_rt.engine.worker import Worker  # noqa: E402
 from sarathi_rt.measure.roofline import ModelCost, StepRow, busy_warning, step_bytes, step_flops  # noqa: E402
+from sarathi_rt.measure.step_split import StepSplit  # noqa: E402
 from sarathi_rt.measure.step_timing import time_steps  # noqa: E402
-from sarathi_rt.models.llama import Attention, Linear  # noqa: E402
+from sarathi_rt.models.llama import Linear  # noqa: E402
 from sarathi_rt.sim.budget import SyntheticRow  # noqa: E402
 from sarathi_rt.utils.cpu import BF16_EMULATE, BF16_ENV, cpu_flags, missing_bf16  # noqa: E402
 
@@ -81,69 +82,12 @@ def copy_bandwidth(mib: int, repeats: int) -> float:
     return 2 * src.numel() * 4 / statistics.median(times)
 
 
-class StepSplit:
-    """Timing hooks on a worker's model: seconds per category of the steps run while
-    installed (`with StepSplit(worker) as split:`), the linear layers' time taken out of
-    the attention module's. On the CPU every op finishes before it returns, so the wall
-    time around a module is its compute."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.seconds = dict.fromkeys(("linear", "attention", "forward", "logits", "sampling"), 0.0)
-        self._open: dict[int, tuple[float, float]] = {}
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._sampler = worker.sampler
-
-    def reset(self) -> None:
-        self.seconds = dict.fromkeys(self.seconds, 0.0)
-
-    def _hook(self, module: torch.nn.Module, category: str) -> None:
-        def pre(mod: torch.nn.Module, args: object) -> None:
-            self._open[id(mod)] = (time.perf_counter(), self.seconds["linear"])
-
-        def post(mod: torch.nn.Module, args: object, out: object) -> None:
-            start, linear_before = self._open.pop(id(mod))
-            elapsed = time.perf_counter() - start
-            if category == "attention":  # its q/k/v and output projections count as linear
-                elapsed -= self.seconds["linear"] - linear_before
-            self.seconds[category] += elapsed
-
-        self._handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-
-    def _timed(self, fn: object, category: str) -> object:
-        def wrapper(*args: object, **kwargs: object) -> object:
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)  # type: ignore[operator]
-            finally:
-                self.seconds[category] += time.perf_counter() - start
-        return wrapper
-
-    def __enter__(self) -> StepSplit:
-        model = self.worker.model
-        for module in model.modules():
-            if isinstance(module, Linear):
-                self._hook(module, "linear")
-            elif isinstance(module, Attention):
-                self._hook(module, "attention")
-        self._hook(model, "forward")
-        model.compute_logits = self._timed(model.compute_logits, "logits")  # type: ignore[method-assign]
-        self.worker.sampler = self._timed(self._sampler, "sampling")  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        del self.worker.model.compute_logits  # the instance attribute: back to the method
-        self.worker.sampler = self._sampler
-
-    def split_ms(self, wall: float) -> dict[str, float]:
-        """The step's `wall` seconds by SPLIT category, in ms."""
-        s = self.seconds
-        return {"linear": 1e3 * s["linear"], "head": 1e3 * s["logits"], "attention": 1e3 * s["attention"],
-                "other": 1e3 * (s["forward"] - s["linear"] - s["attention"]), "sampling": 1e3 * s["sampling"],
-                "python": 1e3 * (wall - s["forward"] - s["logits"] - s["sampling"])}
+def split_ms(split: StepSplit, wall: float) -> dict[str, float]:
+    """The executor step's `wall` seconds by SPLIT category, in ms: preparing the step
+    context counts as the engine's Python, with whatever no timer saw."""
+    ms = split.ms(wall)
+    return {"linear": ms["linear"], "head": ms["logits"], "attention": ms["attention"], "other": ms["other"],
+            "sampling": ms["sampling"], "python": ms["prepare"] + ms["python"]}
 
 
 def model_cost(worker: Worker) -> ModelCost:
@@ -185,7 +129,7 @@ def measure(llms: dict[torch.dtype, LLM], steps: list[list[SyntheticRow]], repea
                 for i, rows in enumerate(steps):
                     hooks.reset()
                     wall = time_steps(engine, [rows], repeats=1, warmup=0)[0][0]
-                    split[dt][i].append(hooks.split_ms(wall))
+                    split[dt][i].append(split_ms(hooks, wall))
     return {dt: [(statistics.median(bare[dt][i]),
                   {k: statistics.median(s[k] for s in split[dt][i]) for k in SPLIT}) for i in range(len(steps))]
             for dt in llms}

@@ -1,8 +1,9 @@
 """The roofline's arithmetic (sarathi_rt.measure.roofline) and the roofline bench's time
-split (bench/bench_roofline_cpu.py's StepSplit) on the `tiny` preset."""
+split (bench/bench_roofline_cpu.py on measure.step_split) and the engine-level split, on `tiny`."""
 from __future__ import annotations
 
 import math
+import time
 import sys
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def test_other_work_on_our_cores_is_a_busy_machine(before: float, after: float, 
 
 def test_step_split_adds_up_to_the_step_and_leaves_the_model_as_it_was() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from bench_roofline_cpu import SPLIT, StepSplit, model_cost, regimes, worker_of
+    from bench_roofline_cpu import SPLIT, StepSplit, model_cost, regimes, split_ms, worker_of
 
     from sarathi_rt import LLM
     from sarathi_rt.measure.step_timing import time_steps
@@ -75,13 +76,41 @@ def test_step_split_adds_up_to_the_step_and_leaves_the_model_as_it_was() -> None
         for rows in steps:
             split.reset()
             wall = time_steps(llm.engine, [rows], repeats=1, warmup=0)[0][0]
-            ms = split.split_ms(wall)
+            ms = split_ms(split, wall)
             assert set(ms) == set(SPLIT)
             assert sum(ms.values()) == pytest.approx(wall * 1e3)
             assert min(ms["linear"], ms["head"], ms["attention"], ms["sampling"]) > 0 and ms["python"] >= 0
     assert worker.sampler is sampler and "compute_logits" not in vars(worker.model)
-    assert not any(m._forward_hooks or m._forward_pre_hooks for m in worker.model.modules())
+    assert not any("forward" in vars(m) for m in worker.model.modules()) and "prepare" not in vars(worker.runner)
     cost = model_cost(worker)
     config = worker.model.config
     assert cost.head_params == config.vocab_size * config.hidden_size
     assert cost.kv_bytes_per_token == 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+
+
+def test_engine_step_split_times_every_phase_and_takes_its_timers_off() -> None:
+    from sarathi_rt import LLM, SamplingParams
+    from sarathi_rt.measure.step_split import ENGINE_PHASES, StepSplit
+
+    llm = LLM("tiny", num_kv_blocks=64, max_num_seqs=8, token_budget=64)
+    engine = llm.engine
+    worker = engine.executor.worker  # type: ignore[attr-defined]
+    for i in range(4):
+        engine.add_request(i, [5 + i, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True))
+    engine.step()  # the prefills
+    with StepSplit(worker, engine) as split:
+        start = time.perf_counter()
+        for _ in range(3):
+            engine.step()
+        wall = time.perf_counter() - start
+    ms = split.ms(wall)
+    assert set(ms) == {*ENGINE_PHASES, "python"}
+    assert sum(ms.values()) == pytest.approx(wall * 1e3)
+    assert min(ms[k] for k in ENGINE_PHASES) > 0 and ms["python"] >= 0
+    for owner in (engine, engine.scheduler, worker, worker.runner, worker.model):
+        assert not {"_step_input", "_process", "schedule", "update", "prepare", "compute_logits",
+                    "forward"} & set(vars(owner))
+    assert not any("forward" in vars(m) for m in worker.model.modules())
+    assert type(worker.sampler).__name__ == "Sampler"
+    while engine.has_unfinished():  # the engine runs on untimed
+        engine.step()
