@@ -1,11 +1,9 @@
 """StepInput -> the step context: built once per step and read by every layer."""
 from __future__ import annotations
 
-import array
-
 import torch
 
-from sarathi_rt import ops
+from sarathi_rt import _C, ops
 from sarathi_rt.models import LlamaForCausalLM, StepContext
 
 from .step_io import StepInput
@@ -16,20 +14,16 @@ class _Staging:
     reused pinned buffer (an asynchronous copy, no page-locking per step); the buffer is
     rewritten only after its previous copy has finished."""
 
-    # array's typecodes for the staged dtypes: array() converts a list of ints in C,
-    # several times faster than torch.tensor(list), and the tensor shares its memory.
-    _TYPECODES = {torch.int64: "q", torch.int32: "i"}
-
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
         self.device, self.dtype = device, dtype
-        self._typecode = self._TYPECODES[dtype]
         self.cuda = device.type == "cuda"
         self._pinned = torch.empty(0, dtype=dtype)
         self._copied = torch.cuda.Event() if self.cuda else None
 
-    def to_device(self, values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(host tensor, device tensor) of `values`; the same tensor on the CPU."""
-        host = torch.frombuffer(array.array(self._typecode, values), dtype=self.dtype)
+    def to_device(self, values: bytearray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(host tensor, device tensor) of the native-endian `values` (the tensor shares
+        their memory); the same tensor on the CPU."""
+        host = torch.frombuffer(values, dtype=self.dtype)
         if not self.cuda:
             return host, host
         assert self._copied is not None
@@ -64,63 +58,14 @@ class ModelRunner:
         self._int32 = _Staging(self.device, torch.int32)
 
     def prepare(self, step: StepInput) -> tuple[torch.Tensor, StepContext]:
-        """Token ids and the per-step context every layer reads."""
-        chunks = step.chunks
-        if not chunks:
-            raise ValueError("step has no chunks")
-        bs, max_position = self.block_size, self.max_position
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        cu_seqlens = [0]
-        seqlens_k: list[int] = []
-        logits_rows: list[int] = []
-        tables: list[int] = []
-        width = max(len(c.block_table) for c in chunks)
-        total = 0  # tokens so far: cu_seqlens[-1]
-        # Runs once per request per step: locals rather than attribute lookups.
-        for c in chunks:
-            token_ids, start, table = c.token_ids, c.start_pos, c.block_table
-            n = len(token_ids)
-            end = start + n
-            if n == 0 or start < 0:
-                raise ValueError(f"request {c.request_id!r}: empty chunk or negative start_pos")
-            if end > max_position:
-                raise ValueError(f"request {c.request_id!r} reaches position {end - 1}, beyond the model's "
-                                 f"max_position_embeddings ({max_position})")
-            # Too short a table would be padded with block 0 below; block ids themselves are
-            # range-checked by write_kv and hybrid_attention (or the attention plan).
-            if len(table) * bs < end:
-                raise ValueError(f"request {c.request_id!r}: block_table {table} does not map "
-                                 f"positions 0..{end - 1} into blocks of {bs}")
-            ids += token_ids
-            if n == 1:  # a decode
-                positions.append(start)
-                slots.append(table[start // bs] * bs + start % bs)
-            else:
-                positions += range(start, end)
-                slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            if c.prompt_targets:  # these positions' logits score the prompt's next tokens
-                if len(c.prompt_targets) > n:
-                    raise ValueError(f"request {c.request_id!r}: {len(c.prompt_targets)} prompt_targets "
-                                     f"for a chunk of {n} tokens")
-                logits_rows += range(total, total + len(c.prompt_targets))
-            total += n
-            cu_seqlens.append(total)
-            seqlens_k.append(end)
-            if c.sampling is not None:
-                logits_rows.append(total - 1)
-                if c.forks:  # every sample of the request draws from the prompt's last row
-                    logits_rows += [total - 1] * len(c.forks)
-            tables += table
-            if len(table) < width:
-                tables += [0] * (width - len(table))
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.vocab_size})")
+        """Token ids and the per-step context every layer reads. The index arrays come
+        from one call into the core (_C.step_indices), which validates every chunk."""
+        longs_buffer, ints_buffer, tokens, width = _C.step_indices(step.chunks, self.block_size, self.max_position,
+                                                                   self.vocab_size)
+        batch = len(step.chunks)
         # One transfer per dtype; the context's tensors are views of it.
-        tokens, batch = len(ids), len(chunks)
-        _, longs = self._int64.to_device(ids + positions + slots + logits_rows)
-        host, ints = self._int32.to_device(cu_seqlens + seqlens_k + tables)
+        _, longs = self._int64.to_device(longs_buffer)
+        host, ints = self._int32.to_device(ints_buffer)
 
         def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             return t[:batch + 1], t[batch + 1:2 * batch + 1], t[2 * batch + 1:].view(batch, width)
