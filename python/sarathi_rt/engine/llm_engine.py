@@ -268,14 +268,26 @@ class LLMEngine:
                     ) -> tuple[StepInput, list[SequenceState]]:
         """The step for the executor, and the samples its rows draw tokens for."""
         chunks, rows = [], []
+        block_table = self.scheduler.block_table
         for e, seq in zip(plan.entries, seqs):
+            pos = e.start_pos
+            prompt_len = len(seq.prompt)
+            if e.num_tokens == 1 and pos >= prompt_len:
+                # One token past the prompt (a decode, or a recompute's last token): it
+                # was sampled before, scores no prompt token and forks nothing. The
+                # common case, built without the general path's per-request calls.
+                sampling = seq.row_sampling() if e.emits_token else None
+                chunks.append(SequenceChunk(e.request_id, [seq.output[pos - prompt_len]], pos,
+                                            block_table(e.request_id), sampling))
+                if sampling is not None:
+                    rows.append(seq)
+                continue
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = start
-                seq.metrics.num_cached_tokens = e.start_pos  # what the prefix cache skipped
-            chunk = SequenceChunk(e.request_id, seq.tokens(e.start_pos, e.num_tokens), e.start_pos,
-                                  self.scheduler.block_table(e.request_id),
+                seq.metrics.num_cached_tokens = pos  # what the prefix cache skipped
+            chunk = SequenceChunk(e.request_id, seq.tokens(pos, e.num_tokens), pos, block_table(e.request_id),
                                   seq.row_sampling() if e.emits_token else None,
-                                  seq.prompt_targets(e.start_pos, e.num_tokens), seq.params.prompt_logprobs or 0)
+                                  seq.prompt_targets(pos, e.num_tokens), seq.params.prompt_logprobs or 0)
             chunks.append(chunk)
             if e.emits_token:
                 rows.append(seq)
