@@ -11,8 +11,10 @@ the process CPU ms per step, and the ratio to the targets (0.8 ms on a quiet mac
 with timers on every phase (`measure.step_split`): schedule, step input, prepare, the
 forward's linear layers, attention (rotary, KV write, kernel) and other ops, the LM head,
 sampling, processing the outputs and the scheduler's update, and the engine's glue
-(`python`); the breakdown is each phase's mean ms per step, the median over the repeats,
-beside the timed runs' own mean (the timers' cost is the difference from the bare mean).
+(`python`). The breakdown is each phase's mean ms per step over the faster half of a
+timed run's steps (the slower ones caught the process waiting for a core), the median
+over the repeats, beside those steps' own wall ms (against the bare median: the timers'
+cost, ~1 us each).
 
 With --baseline (the `python/` directory of another checkout, built in place) it runs
 this script in `pairs` pairs of fresh processes, the baseline's package against this one,
@@ -46,10 +48,13 @@ from sarathi_rt import LLM, SamplingParams  # noqa: E402
 QUIET_TARGET_MS, LOADED_TARGET_MS = 0.8, 1.5
 
 
-def run_once(llm: LLM, decodes: int, steps: int, split: Any = None) -> tuple[float, float, float]:
-    """Median wall seconds per pure-decode step with `decodes` requests running, the
-    mean process CPU seconds per step (steadier than wall time on a shared machine) and
-    the mean wall seconds per step. With `split` (a StepSplit) the steps run timed."""
+def run_once(llm: LLM, decodes: int, steps: int, split: Any = None) -> tuple[float, float, dict[str, float]]:
+    """Median wall seconds per pure-decode step with `decodes` requests running and the
+    mean process CPU seconds per step (steadier than wall time on a shared machine).
+    With `split` (a StepSplit) the steps run timed, and the third item is the breakdown
+    in ms per step (with `timed`, the wall ms) over the faster half of the steps: on a
+    shared machine the slower ones include the time the process waited for a core,
+    which would land on whichever phase it happened in."""
     engine = llm.engine
     params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
     for i in range(decodes):
@@ -58,18 +63,28 @@ def run_once(llm: LLM, decodes: int, steps: int, split: Any = None) -> tuple[flo
         engine.step()
         if all(len(s.output) > 0 for s in engine._seqs.values()):
             break
-    times = []
+    times, phases = [], []
     cpu = time.process_time()
     with split if split is not None else contextlib.nullcontext():
         for _ in range(steps):
+            before = dict(split.seconds) if split is not None else None
             start = time.perf_counter()
             engine.step()
             times.append(time.perf_counter() - start)
+            if split is not None:
+                phases.append({k: v - before[k] for k, v in split.seconds.items()})
     cpu = (time.process_time() - cpu) / steps
     for request_id in list(engine._seqs):
         engine.abort(request_id)
     engine.step()
-    return statistics.median(times), cpu, sum(times) / steps
+    breakdown: dict[str, float] = {}
+    if split is not None:
+        fast = [i for i in range(steps) if times[i] <= statistics.median(times)]
+        split.seconds = {k: sum(phases[i][k] for i in fast) for k in phases[0]}
+        wall = sum(times[i] for i in fast)
+        breakdown = {k: v / len(fast) for k, v in split.ms(wall).items()}
+        breakdown["timed"] = 1e3 * wall / len(fast)
+    return statistics.median(times), cpu, breakdown
 
 
 def measure(decodes: int, steps: int, repeats: int, threads: int) -> dict[str, Any]:
@@ -87,23 +102,19 @@ def measure(decodes: int, steps: int, repeats: int, threads: int) -> dict[str, A
     for _ in range(repeats):
         runs.append(run_once(llm, decodes, steps))
         if StepSplit is not None and worker is not None:
-            split = StepSplit(worker, llm.engine)
-            timed = run_once(llm, decodes, steps, split)
-            splits.append({**split.ms(timed[2] * steps), "timed": 1e3 * timed[2] * steps})
+            splits.append(run_once(llm, decodes, steps, StepSplit(worker, llm.engine))[2])
     result: dict[str, Any] = {"wall_ms": statistics.median(r[0] for r in runs) * 1e3,
                               "cpu_ms": statistics.median(r[1] for r in runs) * 1e3,
-                              "mean_ms": statistics.median(r[2] for r in runs) * 1e3,
                               "runs_ms": [r[0] * 1e3 for r in runs]}
     if splits:
-        result["split_ms"] = {k: statistics.median(s[k] for s in splits) / steps for k in splits[0]}
+        result["split_ms"] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
     return result
 
 
-def print_split(label: str, split: dict[str, float], bare_mean: float) -> None:
-    """One line: each phase's ms per step, then the timed and bare means."""
-    phases = [k for k in split if k != "timed"]
-    print(f"  {label}: " + ", ".join(f"{k} {split[k]:.3f}" for k in phases)
-          + f" ms/step (timed mean {split['timed']:.3f}, bare mean {bare_mean:.3f})")
+def print_split(label: str, split: dict[str, float]) -> None:
+    """One line: each phase's ms per step, then the timed steps' own wall ms."""
+    print(f"  {label}: " + ", ".join(f"{k} {v:.3f}" for k, v in split.items() if k != "timed")
+          + f" ms/step (timed steps: {split['timed']:.3f} ms, the faster half of each timed run)")
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -135,8 +146,7 @@ def compare(args: argparse.Namespace) -> None:
     for side, label in (("baseline", "baseline split"), ("this", "this split    ")):
         splits = [r["split_ms"] for r in results[side] if "split_ms" in r]
         if splits:
-            print_split(label, {k: statistics.median(s[k] for s in splits) for k in splits[0]},
-                        statistics.median(r["mean_ms"] for r in results[side]))
+            print_split(label, {k: statistics.median(s[k] for s in splits) for k in splits[0]})
 
 
 def print_targets(median: float, fastest: float) -> None:
@@ -173,7 +183,7 @@ def main() -> None:
           f"{r['cpu_ms']:.3f} ms/step CPU (runs: {', '.join(f'{x:.3f}' for x in r['runs_ms'])} ms wall)")
     print_targets(r["wall_ms"], min(r["runs_ms"]))
     if "split_ms" in r:
-        print_split("split", r["split_ms"], r["mean_ms"])
+        print_split("split", r["split_ms"])
 
 if __name__ == "__main__":
     main()

@@ -53,6 +53,8 @@ class ModelRunner:
         self.vocab_size = model.config.vocab_size
         self.max_position = model.config.max_position_embeddings
         self._plan: ops.AttentionPlan | None = None
+        # Every layer's attention has the same heads and cache shape: the plan reads one.
+        self._attn = next(iter(model.layers.values())).self_attn
         self._plan_size = (max_batch, max_tokens)
         self._int64 = _Staging(self.device, torch.int64)
         self._int32 = _Staging(self.device, torch.int32)
@@ -63,29 +65,30 @@ class ModelRunner:
         longs_buffer, ints_buffer, tokens, width = _C.step_indices(step.chunks, self.block_size, self.max_position,
                                                                    self.vocab_size)
         batch = len(step.chunks)
-        # One transfer per dtype; the context's tensors are views of it.
+        # One transfer per dtype; the context's tensors are views of it (torch.split: one
+        # call for all of them, where slicing pays Python's indexing per view).
         _, longs = self._int64.to_device(longs_buffer)
         host, ints = self._int32.to_device(ints_buffer)
+        sizes = [batch + 1, batch, batch * width]
+        cu_seqlens_q, seqlens_k, block_tables = torch.split(ints, sizes)
+        host_cu, host_seqlens, host_tables = torch.split(host, sizes)
+        ids, positions, slots, logits_rows = torch.split(longs, [tokens, tokens, tokens, longs.shape[0] - 3 * tokens])
+        plan = self._attention_plan(host_cu, host_seqlens, host_tables.view(batch, width), tokens)
+        ctx = StepContext(positions=positions, slot_mapping=slots, cu_seqlens_q=cu_seqlens_q, seqlens_k=seqlens_k,
+                          block_tables=block_tables.view(batch, width), logits_indices=logits_rows,
+                          attention_plan=plan)
+        return ids, ctx
 
-        def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            return t[:batch + 1], t[batch + 1:2 * batch + 1], t[2 * batch + 1:].view(batch, width)
-
-        cu_seqlens_q, seqlens_k_t, block_tables = split(ints)
-        plan = self._attention_plan(*split(host))
-        ctx = StepContext(positions=longs[tokens:2 * tokens], slot_mapping=longs[2 * tokens:3 * tokens],
-                          cu_seqlens_q=cu_seqlens_q, seqlens_k=seqlens_k_t, block_tables=block_tables,
-                          logits_indices=longs[3 * tokens:], attention_plan=plan)
-        return longs[:tokens], ctx
-
-    def _attention_plan(self, cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor,
-                        block_tables: torch.Tensor) -> ops.AttentionPlan:
+    def _attention_plan(self, cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor,
+                        tokens: int) -> ops.AttentionPlan:
         """Plan this step from the host-side index arrays, refilling the previous plan's
-        buffers in place while the step fits them."""
-        batch, tokens = seqlens_k.shape[0], int(cu_seqlens_q[-1])
-        if self._plan is not None and (batch > self._plan.max_batch or tokens > self._plan.max_tokens):
-            self._plan = None
-        self._plan_size = (max(batch, self._plan_size[0]), max(tokens, self._plan_size[1]))
-        attn = next(iter(self.model.layers.values())).self_attn
-        self._plan = ops.plan_attention(cu_seqlens_q, seqlens_k, block_tables, attn.k_cache, attn.num_heads,
-                                        plan=self._plan, max_batch=self._plan_size[0], max_tokens=self._plan_size[1])
-        return self._plan
+        buffers in place while the step fits them (a larger step gets a larger plan)."""
+        batch, k_cache = seqlens_k.shape[0], self._attn.k_cache
+        assert k_cache is not None  # bound before the runner is built
+        plan = self._plan
+        if plan is None or batch > plan.max_batch or tokens > plan.max_tokens:
+            self._plan_size = (max(batch, self._plan_size[0]), max(tokens, self._plan_size[1]))
+            plan = self._plan = ops.AttentionPlan(
+                max_batch=self._plan_size[0], max_tokens=self._plan_size[1], num_q_heads=self._attn.num_heads,
+                num_kv_heads=k_cache.shape[2], head_dim=k_cache.shape[3], device=k_cache.device, dtype=k_cache.dtype)
+        return plan.update_host(cu_seqlens_q, seqlens_k, block_tables, tokens, tuple(k_cache.shape))

@@ -141,15 +141,25 @@ class AttentionPlan:
             raise ValueError(f"block_tables must have {batch} rows (one per request), got {block_tables.shape[0]}")
         if batch > self.max_batch:
             raise ValueError(f"batch of {batch} requests exceeds the plan's max_batch={self.max_batch}")
-        total_q = int(host["cu_seqlens_q"][-1])
+        return self.update_host(host["cu_seqlens_q"], host["seqlens_k"], host["block_tables"],
+                                int(host["cu_seqlens_q"][-1]), tuple(k_cache.shape))
+
+    def update_host(self, cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor,
+                    total_q: int, cache_shape: tuple[int, ...]) -> AttentionPlan:
+        """`update` for a caller that built the step's host arrays itself (the
+        ModelRunner, once per step): contiguous int32 CPU tensors of one batch,
+        cu_seqlens_q[-1] == total_q, cache_shape the k_cache's, none of which is checked
+        again here. The planner still validates every index against the cache. Returns self."""
+        batch = seqlens_k.shape[0]
+        if batch > self.max_batch:
+            raise ValueError(f"batch of {batch} requests exceeds the plan's max_batch={self.max_batch}")
         if total_q > self.max_tokens:
             raise ValueError(f"cu_seqlens_q[-1] = {total_q} tokens exceeds the plan's max_tokens={self.max_tokens}")
         if self._copied is not None:
             self._copied.synchronize()
         partial_rows = _C.build_attention_plan(
-            self._host.data_ptr(), host["cu_seqlens_q"].data_ptr(), host["seqlens_k"].data_ptr(),
-            host["block_tables"].data_ptr(), batch, total_q, self.num_q_heads, block_tables.shape[1],
-            tuple(k_cache.shape), self.capacity.as_list())
+            self._host.data_ptr(), cu_seqlens_q.data_ptr(), seqlens_k.data_ptr(), block_tables.data_ptr(), batch,
+            total_q, self.num_q_heads, block_tables.shape[1], cache_shape, self.capacity.as_list())
         if self.kernel == "cuda":
             self._grow_partials(partial_rows)
         if self._copied is not None:
@@ -159,7 +169,7 @@ class AttentionPlan:
             self._copied.record(torch.cuda.current_stream(self.device))
         self.batch, self.total_q = batch, total_q
         self.max_blocks_per_seq = block_tables.shape[1]
-        self.cache_shape = tuple(k_cache.shape)
+        self.cache_shape = cache_shape
         return self
 
     def reserve_partials(self) -> AttentionPlan:
