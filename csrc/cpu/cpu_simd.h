@@ -249,12 +249,45 @@ struct LineAllocator {
   bool operator!=(const LineAllocator&) const { return false; }
 };
 
+// a < b per lane, as all-ones / zero lanes. 16 lanes are compared as two 8-lane halves:
+// where the target has no 16-lane float compare (AVX2), GCC turns a 16-lane one into 16
+// scalar compares and branches, but compiles each 8-lane one to a single instruction.
+template <int W = kLanes>
+SRT_SIMD_INLINE ivec<W> less(const vec<W>& a, const vec<W>& b) {
+  if constexpr (W == 16) {
+    // memcpy, not __builtin_shufflevector: GCC moves the halves through registers then,
+    // where it rebuilds a shuffled 16-lane vector lane by lane.
+    vec<8> half[4];
+    std::memcpy(&half[0], &a, sizeof(a));
+    std::memcpy(&half[2], &b, sizeof(b));
+    const ivec<8> mask[2] = {half[0] < half[2], half[1] < half[3]};
+    ivec<W> out;
+    std::memcpy(&out, mask, sizeof(out));
+    return out;
+  } else {
+    return a < b;
+  }
+}
+// Lanes of `a` where `mask` (from less) is set, of `b` elsewhere: bitwise, so no lane
+// is compared again (a 16-lane `?:` scalarizes on AVX2 like the compare).
+template <int W = kLanes>
+SRT_SIMD_INLINE vec<W> select(const ivec<W>& mask, const vec<W>& a, const vec<W>& b) {
+  ivec<W> ai, bi;
+  std::memcpy(&ai, &a, sizeof(ai));
+  std::memcpy(&bi, &b, sizeof(bi));
+  const ivec<W> bits = (ai & mask) | (bi & ~mask);
+  vec<W> out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
 // 2^x for x <= 0: n = nearest integer, 2^(x - n) by its Taylor series (|x - n| <= 1/2,
 // relative error ~1e-7), times 2^n built in the exponent bits. Below -126 the result is
 // exactly 0, so masked (-inf) scores contribute nothing; NaN stays NaN.
 template <int W = kLanes>
 SRT_SIMD_INLINE vec<W> exp2_nonpositive(const vec<W>& x) {
-  const vec<W> clamped = x < -126.0f ? splat<W>(-126.0f) : x;
+  const ivec<W> underflow = less<W>(x, splat<W>(-126.0f));  // false for NaN, which stays NaN
+  const vec<W> clamped = select<W>(underflow, splat<W>(-126.0f), x);
   const ivec<W> n = __builtin_convertvector(clamped - 0.5f, ivec<W>);  // truncation rounds toward 0
   const vec<W> r = clamped - __builtin_convertvector(n, vec<W>);
   vec<W> p = splat<W>(1.5403530393381606e-4f);  // ln2^6 / 6!
@@ -267,7 +300,7 @@ SRT_SIMD_INLINE vec<W> exp2_nonpositive(const vec<W>& x) {
   const ivec<W> bits = (n + 127) << 23;
   vec<W> scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -126.0f ? vec<W>{} : p * scale;
+  return select<W>(underflow, vec<W>{}, p * scale);
 }
 
 }  // namespace sarathi_rt::cpu
