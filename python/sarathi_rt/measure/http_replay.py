@@ -71,31 +71,50 @@ async def _request(client: Any, endpoint: str, model: str, spec: RequestSpec, pr
     metrics = RequestMetrics(arrival_time=arrival, num_prompt_tokens=len(prompt))
     body = {"model": model, "prompt": prompt, "max_tokens": spec.num_decode_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    completion_tokens = None
+    stream = StreamTokens(spec.request_id)
     async with client.stream("POST", f"{endpoint}/completions", json=body) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")
             raise EndpointError(f"request {spec.request_id}: HTTP {response.status_code}: {text[:300]}")
         async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
+            if not stream.feed(line, time.perf_counter()):
                 break
-            event = json.loads(data)
-            if "error" in event:
-                raise EndpointError(f"request {spec.request_id}: {event['error']}")
-            now = time.perf_counter()
-            metrics.token_times.extend([now] * sum(tokens_in(choice) for choice in event.get("choices") or []))
-            if event.get("usage"):
-                completion_tokens = event["usage"].get("completion_tokens")
-    metrics.token_times = agree_with_usage(metrics.token_times, completion_tokens)
+    metrics.token_times = stream.token_times()
     if metrics.token_times:
         metrics.first_token_time = metrics.token_times[0]
     metrics.finish_time = time.perf_counter()
     if progress is not None:
         progress(1)
     return metrics
+
+
+class StreamTokens:
+    """The tokens of one streamed completion, line by line: each event's tokens at the
+    time it arrived, and the completion token count of the usage event, if any."""
+
+    def __init__(self, request_id: object) -> None:
+        self.request_id = request_id
+        self.times: list[float] = []
+        self.completion_tokens: int | None = None
+
+    def feed(self, line: str, now: float) -> bool:
+        """Reads one line of the stream received at `now`; False once it is `[DONE]`."""
+        if not line.startswith("data:"):
+            return True  # blank separators, comments, `event:` lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return False
+        event = json.loads(data)
+        if "error" in event:
+            raise EndpointError(f"request {self.request_id}: {event['error']}")
+        self.times.extend([now] * sum(tokens_in(choice) for choice in event.get("choices") or []))
+        if event.get("usage"):
+            self.completion_tokens = event["usage"].get("completion_tokens")
+        return True
+
+    def token_times(self) -> list[float]:
+        """Each token's arrival time, in the number the server's usage counted."""
+        return agree_with_usage(self.times, self.completion_tokens)
 
 
 def tokens_in(choice: dict[str, Any]) -> int:
