@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -321,6 +322,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench_llamacpp_out"))
     ap.add_argument("--smoke", action="store_true", help="sarathi_rt on `tiny` stands in for both sides; seconds")
     args = ap.parse_args()
+    # A SIGTERM (timeout, kill) unwinds like Ctrl-C, so `serving` stops the server it started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     dtypes = [d for d in args.dtypes.split(",") if d]
     unknown = [d for d in dtypes if d not in GGUF_TYPES] + [r for r in args.regimes.split(",") if r not in REGIMES]
     if unknown or args.repeats < 1:
