@@ -33,15 +33,13 @@ import json
 import math
 import os
 import statistics
-import subprocess
-import sys
 import time
 from typing import Callable
 
 import torch
 
-import sarathi_rt
 from sarathi_rt import ops
+from sarathi_rt.measure.ab_pairs import run_pairs, this_package
 from sarathi_rt.ops import reference
 from sarathi_rt.ops.attention import run_attention
 
@@ -145,18 +143,12 @@ def print_grid(grid: dict[str, object]) -> None:
 def compare_builds(args: argparse.Namespace) -> None:
     """The decode grid in pairs of fresh processes, the baseline's package against this
     one's, alternating which goes first; each child prints decode_grid() as JSON."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(sarathi_rt.__file__)))
-    child = [sys.executable, os.path.abspath(__file__), "--decode-only", "--json", "--dtype", args.dtype,
-             "--iters", str(args.iters), "--warmup", str(args.warmup), "--working-set-mib", str(args.working_set_mib),
-             "--shapes", *args.shapes, "--batches", *map(str, args.batches), "--contexts", *map(str, args.contexts)]
-    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+    here = this_package()
+    child_args = ["--decode-only", "--json", "--dtype", args.dtype, "--iters", str(args.iters), "--warmup",
+                  str(args.warmup), "--working-set-mib", str(args.working_set_mib), "--shapes", *args.shapes,
+                  "--batches", *map(str, args.batches), "--contexts", *map(str, args.contexts)]
     load_before = os.getloadavg()
-    for pair in range(args.pairs):
-        for side in (("baseline", "this") if pair % 2 == 0 else ("this", "baseline")):
-            path = args.baseline if side == "baseline" else here
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])}
-            out = subprocess.run(child, env=env, check=True, capture_output=True, text=True).stdout
-            runs[side].append(json.loads(out.splitlines()[-1]))
+    runs = run_pairs(__file__, child_args, args.baseline, args.pairs)
     copy = statistics.median(r["copy_gbs"] for r in runs["baseline"] + runs["this"])
     print(f"{args.pairs} pairs of processes, {args.dtype}, torch threads {torch.get_num_threads()}; "
           f"baseline {args.baseline}, this {here}; streaming copy median {copy:.2f} GB/s")

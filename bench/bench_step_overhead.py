@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -42,8 +41,8 @@ os.environ.setdefault("OMP_NUM_THREADS", _threads)
 
 import torch  # noqa: E402
 
-import sarathi_rt  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
+from sarathi_rt.measure.ab_pairs import run_pairs, this_package  # noqa: E402
 
 QUIET_TARGET_MS, LOADED_TARGET_MS = 0.8, 1.5
 
@@ -120,16 +119,10 @@ def print_split(label: str, split: dict[str, float]) -> None:
 def compare(args: argparse.Namespace) -> None:
     """Pairs of fresh processes, the baseline's package and this one's, in alternating
     order; each prints its measure() as JSON."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(sarathi_rt.__file__)))
-    child = [sys.executable, os.path.abspath(__file__), "--json", "--decodes", str(args.decodes),
-             "--steps", str(args.steps), "--repeats", str(args.repeats), "--threads", str(args.threads)]
-    results: dict[str, list[dict]] = {"baseline": [], "this": []}
-    for pair in range(args.pairs):
-        for side in (("baseline", "this") if pair % 2 == 0 else ("this", "baseline")):
-            path = args.baseline if side == "baseline" else here
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])}
-            out = subprocess.run(child, env=env, check=True, capture_output=True, text=True).stdout
-            results[side].append(json.loads(out.splitlines()[-1]))
+    here = this_package()
+    results = run_pairs(__file__, ["--json", "--decodes", str(args.decodes), "--steps", str(args.steps),
+                                   "--repeats", str(args.repeats), "--threads", str(args.threads)],
+                        args.baseline, args.pairs)
     base = [r["wall_ms"] for r in results["baseline"]]
     this = [r["wall_ms"] for r in results["this"]]
     ratios = [t / b for t, b in zip(this, base)]
@@ -184,6 +177,7 @@ def main() -> None:
     print_targets(r["wall_ms"], min(r["runs_ms"]))
     if "split_ms" in r:
         print_split("split", r["split_ms"])
+
 
 if __name__ == "__main__":
     main()
