@@ -139,8 +139,6 @@ class AttentionPlan:
             raise ValueError(f"cu_seqlens_q must have batch + 1 = {batch + 1} entries, got {cu_seqlens_q.shape[0]}")
         if block_tables.shape[0] != batch:
             raise ValueError(f"block_tables must have {batch} rows (one per request), got {block_tables.shape[0]}")
-        if batch > self.max_batch:
-            raise ValueError(f"batch of {batch} requests exceeds the plan's max_batch={self.max_batch}")
         return self.update_host(host["cu_seqlens_q"], host["seqlens_k"], host["block_tables"],
                                 int(host["cu_seqlens_q"][-1]), tuple(k_cache.shape))
 
