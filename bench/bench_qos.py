@@ -53,18 +53,27 @@ SIM_TOKEN_BUDGET = 512
 
 @dataclasses.dataclass
 class Cell:
-    """One (profile, trace): capacities in QPS and the overload runs."""
+    """One (profile, trace): capacities in QPS and the overload runs. `unbounded`: the
+    capacities (\"fcfs\", \"deadline\", \"chat silo\", \"batch silo\") whose search ran out of
+    probes with every rate passing, so that they are only lower bounds."""
 
     fcfs: float
     deadline: float
     silo_chat: float  # chat-only replica
     silo_batch: float  # batch-only replica
     overload: dict[float, tuple[MetricsSummary, MetricsSummary]]  # factor -> (fcfs, deadline)
+    unbounded: frozenset[str] = frozenset()
 
     @property
     def siloed(self) -> float:
         """Total rate two silos carry: each class's share saturates its own replica."""
         return min(self.silo_chat / MIX["chat"], self.silo_batch / MIX["batch"])
+
+    @property
+    def siloed_unbounded(self) -> bool:
+        """Whether the silo that sets `siloed` has only a lower bound."""
+        chat = self.silo_chat / MIX["chat"] <= self.silo_batch / MIX["batch"]
+        return f"{'chat' if chat else 'batch'} silo" in self.unbounded
 
 
 def sched_config(num_blocks: int, qos_policy: str = "deadline") -> SchedulerConfig:
@@ -87,32 +96,51 @@ def sim_cell(profile: str, trace: str, n: int, probes: int) -> Cell:
     work = WorkloadConfig(num_requests=n, lengths=trace, qos_mix=MIX, seed=0)
     slo = AttainmentSLO(ATTAINMENT)
 
-    def cap(mix: dict[str, float], qos_policy: str) -> float:
-        return simulated_capacity(dataclasses.replace(work, qos_mix=mix), sched_config(blocks, qos_policy), cost,
-                                  slo, qps_start=1.0, rel_tol=0.04, max_probes=probes).max_qps
+    unbounded: set[str] = set()
 
-    fcfs, deadline = cap(MIX, "fcfs"), cap(MIX, "deadline")
+    def cap(name: str, mix: dict[str, float], qos_policy: str) -> float:
+        result = simulated_capacity(dataclasses.replace(work, qos_mix=mix), sched_config(blocks, qos_policy), cost,
+                                    slo, qps_start=1.0, rel_tol=0.04, max_probes=probes)
+        if not result.bounded:
+            unbounded.add(name)
+        return result.max_qps
+
+    fcfs, deadline = cap("fcfs", MIX, "fcfs"), cap("deadline", MIX, "deadline")
     overload = {}
     for factor in (1.5, 2.0):
         reqs = make_workload(dataclasses.replace(work, qps=factor * fcfs))
         overload[factor] = tuple(simulate(reqs, sched_config(blocks, p), cost).summary() for p in ("fcfs", "deadline"))
     # Each silo gets the better of the two policies: a fair siloed baseline is the best
     # each dedicated replica can do (one class alone can still gain from deadline sizing).
-    silo_chat, silo_batch = (max(cap({name: 1.0}, p) for p in ("fcfs", "deadline")) for name in ("chat", "batch"))
-    return Cell(fcfs, deadline, silo_chat, silo_batch, overload)  # type: ignore[arg-type]
+    silo_chat, silo_batch = (max(cap(f"{name} silo", {name: 1.0}, p) for p in ("fcfs", "deadline"))
+                             for name in ("chat", "batch"))
+    return Cell(fcfs, deadline, silo_chat, silo_batch, overload, frozenset(unbounded))  # type: ignore[arg-type]
 
 
-def times(a: float, b: float) -> str:
-    """a / b as "1.23x"; a capacity of 0 (no probed rate passed) has no ratio."""
-    return f"{a / b:.2f}x" if b > 0 else "n/a (0 QPS)"
+def qps(value: float, unbounded: bool) -> str:
+    """A capacity, marked ">=" when its search found no failing rate."""
+    return f"{'>=' if unbounded else ''}{value:.3g}"
+
+
+def times(a: float, b: float, a_unbounded: bool = False, b_unbounded: bool = False) -> str:
+    """a / b as "1.23x" (">=1.23x" when only a is a lower bound); a capacity of 0 (no
+    probed rate passed) or a baseline b that is only a lower bound has no ratio."""
+    if b <= 0:
+        return "n/a (0 QPS)"
+    if b_unbounded:
+        return "n/a (the baseline's search found no failing rate)"
+    return f"{'>=' if a_unbounded else ''}{a / b:.2f}x"
 
 
 def print_cell(name: str, c: Cell) -> None:
-    print(f"{name}: capacity at >= {ATTAINMENT:.0%} per class: FCFS {c.fcfs:.3g} QPS, deadline {c.deadline:.3g} QPS "
-          f"-> {times(c.deadline, c.fcfs)} (target >= 1.2x)")
-    print(f"  shared vs siloed, two replicas: shared {2 * c.deadline:.3g} QPS, siloed {c.siloed:.3g} QPS "
-          f"(chat silo {c.silo_chat:.3g}, batch silo {c.silo_batch:.3g}) -> {times(2 * c.deadline, c.siloed)} "
-          f"(target >= 1.25x)")
+    u = c.unbounded
+    print(f"{name}: capacity at >= {ATTAINMENT:.0%} per class: FCFS {qps(c.fcfs, 'fcfs' in u)} QPS, deadline "
+          f"{qps(c.deadline, 'deadline' in u)} QPS -> {times(c.deadline, c.fcfs, 'deadline' in u, 'fcfs' in u)} "
+          f"(target >= 1.2x)")
+    print(f"  shared vs siloed, two replicas: shared {qps(2 * c.deadline, 'deadline' in u)} QPS, siloed "
+          f"{qps(c.siloed, c.siloed_unbounded)} QPS (chat silo {qps(c.silo_chat, 'chat silo' in u)}, batch silo "
+          f"{qps(c.silo_batch, 'batch silo' in u)}) -> "
+          f"{times(2 * c.deadline, c.siloed, 'deadline' in u, c.siloed_unbounded)} (target >= 1.25x)")
     for factor, (f, d) in c.overload.items():
         vf, vd = violations(f), violations(d)
         ratio = f"{vf / vd:.1f}x" if vd else ("inf" if vf else "n/a (none)")
@@ -209,7 +237,9 @@ def engine_cell(model: str, n: int, length_scale: float, qps_start: float, probe
         return
     overload = {factor: tuple(run(factor * cap["fcfs"], MIX, policy, n) for policy in ("fcfs", "deadline"))
                 for factor in (1.5, 2.0)}
-    cell = Cell(cap["fcfs"], cap["deadline"], cap["chat silo"], cap["batch silo"], overload)  # type: ignore[arg-type]
+    unbounded = frozenset(name for name, s in searches.items() if not s.result.bounded)
+    cell = Cell(cap["fcfs"], cap["deadline"], cap["chat silo"], cap["batch silo"], overload,  # type: ignore[arg-type]
+                unbounded)
     executor.shutdown()
     print_cell(f"engine ({n} requests per mix run)", cell)
     print(f"  full steps measured before the runs: {min(steps) * 1e3:.0f}-{max(steps) * 1e3:.0f} ms")

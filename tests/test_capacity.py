@@ -29,6 +29,13 @@ def test_bisection_finds_a_known_threshold() -> None:
     assert 0.3 * 0.99 <= low.max_qps <= 0.3  # bracketed from above by halving
     never = find_capacity(lambda q: _summary(1.0, 0.0), SLO(0.1), max_probes=8)
     assert never.max_qps == 0.0 and len(never.probes) == 8
+    assert res.bounded and low.bounded and never.bounded  # a failing rate lies above each answer
+
+
+def test_a_search_that_never_fails_is_only_a_lower_bound() -> None:
+    # Every rate passes: the probes run out doubling, and the answer says so.
+    res = find_capacity(lambda q: _summary(0.0, 0.0), SLO(0.1), max_probes=4)
+    assert res.max_qps == 8.0 and not res.bounded
 
 
 def test_a_known_ceiling_is_never_probed() -> None:

@@ -63,6 +63,12 @@ class CapacityResult:
     max_qps: float  # 0.0 when even the lowest probed rate fails
     probes: list[Probe] = field(default_factory=list)
 
+    @property
+    def bounded(self) -> bool:
+        """Whether a probed rate above max_qps failed; if not, the probes ran out while
+        every rate passed and max_qps is only a lower bound on the capacity."""
+        return any(not p.ok and p.qps > self.max_qps for p in self.probes)
+
 
 class CapacitySearch:
     """The search behind find_capacity, one probe at a time: `next_qps()` names the rate
