@@ -27,21 +27,22 @@ Status validate_attention_indices(const HybridAttentionParams& p) {
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t q_len = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
     const int64_t kv_len = p.seqlens_k[b];
-    const std::string at = "[" + std::to_string(b) + "]";
-    if (q_len < 0) return Status::Invalid("cu_seqlens_q must be non-decreasing (at " + at + ")");
+    // The message is built only on failure: this loop runs on every layer's call.
+    const auto at = [b] { return "[" + std::to_string(b) + "]"; };
+    if (q_len < 0) return Status::Invalid("cu_seqlens_q must be non-decreasing (at " + at() + ")");
     if (kv_len < q_len) {
-      return Status::Invalid("seqlens_k" + at + " = " + std::to_string(kv_len) +
+      return Status::Invalid("seqlens_k" + at() + " = " + std::to_string(kv_len) +
                              " is smaller than that request's query length " + std::to_string(q_len));
     }
     if (kv_len > capacity) {
-      return Status::Invalid("seqlens_k" + at + " = " + std::to_string(kv_len) +
+      return Status::Invalid("seqlens_k" + at() + " = " + std::to_string(kv_len) +
                              " needs more blocks than block_tables has columns (" +
                              std::to_string(p.max_blocks_per_seq) + ")");
     }
     const int32_t* row = p.block_tables + b * p.max_blocks_per_seq;
     for (int64_t i = 0, n = ceil_div(kv_len, p.layout.block_size); i < n; ++i) {
       if (row[i] < 0 || row[i] >= p.layout.num_blocks) {
-        return Status::Invalid("block_tables" + at + "[" + std::to_string(i) + "] = " + std::to_string(row[i]) +
+        return Status::Invalid("block_tables" + at() + "[" + std::to_string(i) + "] = " + std::to_string(row[i]) +
                                " is outside the cache's " + std::to_string(p.layout.num_blocks) + " blocks");
       }
     }
