@@ -17,7 +17,6 @@
 #include <cmath>
 #include <limits>
 #include <memory>
-#include <string>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -39,7 +38,7 @@ using vec = cpu::vec<W>;
 // kCpuVectorLanes (as the planner sizes partial rows), a multiple of every W.
 constexpr int64_t kMaxLanes = 16;
 static_assert(kCpuVectorLanes % kMaxLanes == 0, "a padded row must hold whole vectors of every width");
-constexpr int64_t kKeyChunk = 32;  // keys per online-softmax step
+constexpr int64_t kKeyChunk = kCpuKeyChunk;
 static_assert(kKeyChunk % kMaxLanes == 0, "a softmax step scores whole vectors of keys");
 constexpr int64_t kRowBlock = 4;   // rows sharing each loaded key/value vector
 constexpr float kLog2e = 1.4426950408889634f;
@@ -376,7 +375,7 @@ int max_threads() {
 
 Shape shape_of(const HybridAttentionParams& p) {
   return Shape{p.num_q_heads / p.layout.num_kv_heads, p.layout.head_dim, round_up(p.layout.head_dim, kCpuVectorLanes),
-               std::max<int64_t>(kWideTileRows, kCpuDirectRows * p.layout.num_kv_heads),
+               cpu_attention_max_rows(p.layout.num_kv_heads),
                attention_partial_row_floats(AttentionKernel::kCpu, p.layout.head_dim)};
 }
 
@@ -420,62 +419,6 @@ void run_plan(const HybridAttentionParams& p, const int32_t* plan, const Attenti
   }
 }
 
-// Every item and merge of a given plan must lie inside this call's batch and the kernel's
-// scratch: a plan built for another step (same shapes, other lengths) must not read or
-// write out of bounds.
-Status check_plan(const HybridAttentionParams& p, const int32_t* plan, const AttentionPlanCapacity& cap) {
-  const auto mismatch = [](const std::string& what) {
-    return Status::Invalid("plan does not match this call (" + what +
-                           "); build it with plan_attention for this step's batch");
-  };
-  if (cap.kernel != AttentionKernel::kCpu || plan[kPlanKernel] != static_cast<int32_t>(AttentionKernel::kCpu)) {
-    return Status::Invalid("plan was built for the CUDA kernel; plan_attention(..., kernel=\"cpu\") plans for this one");
-  }
-  const int64_t num_items = plan[kPlanNumItems], num_merges = plan[kPlanNumMerges];
-  const int64_t partial_rows = plan[kPlanNumPartialRows];
-  if (plan[kPlanNumCtas] != cap.num_ctas || num_items < 0 || num_items > cap.max_items || num_merges < 0 ||
-      num_merges > cap.max_merges || partial_rows < 0 || partial_rows > cap.max_partial_rows) {
-    return mismatch("its header disagrees with its capacity");
-  }
-  const int32_t* begin = plan + cap.cta_begin_offset();
-  if (begin[0] != 0 || begin[cap.num_ctas] != num_items) return mismatch("worker ranges");
-  for (int64_t c = 0; c < cap.num_ctas; ++c) {
-    if (begin[c + 1] < begin[c]) return mismatch("worker ranges");
-  }
-  const Shape sh = shape_of(p);
-  const auto rows_ok = [&](int64_t kv_head, int64_t num_heads, int64_t row_begin, int64_t num_rows) {
-    return kv_head >= 0 && num_heads >= 1 && kv_head + num_heads <= p.layout.num_kv_heads && row_begin >= 0 &&
-           num_rows >= 1 && num_heads * num_rows <= sh.max_rows && (num_heads == 1 || num_rows <= kCpuDirectRows);
-  };
-  const auto* items = reinterpret_cast<const AttentionWorkItem*>(plan + cap.items_offset());
-  for (int64_t i = 0; i < num_items; ++i) {
-    const AttentionWorkItem& w = items[i];
-    // The message is built only on failure: this loop runs on every layer's call.
-    const auto at = [i] { return "work item " + std::to_string(i); };
-    if (w.request < 0 || w.request >= p.batch) return mismatch(at() + " names request " + std::to_string(w.request));
-    const int64_t q_len = p.cu_seqlens_q[w.request + 1] - p.cu_seqlens_q[w.request];
-    const int64_t kv_len = p.seqlens_k[w.request];
-    if (w.q_token0 != p.cu_seqlens_q[w.request] || w.causal_offset != kv_len - q_len ||
-        !rows_ok(w.kv_head, w.num_heads, w.row_begin, w.num_rows) ||
-        w.row_begin + w.num_rows > q_len * sh.group || w.kv_begin < 0 || w.kv_begin % kKeyChunk != 0 ||
-        w.kv_begin >= w.kv_end || w.kv_end > kv_len || w.partial < -1 ||
-        (w.partial >= 0 && w.partial + static_cast<int64_t>(w.num_heads) * w.num_rows > partial_rows)) {
-      return mismatch(at() + ", request " + std::to_string(w.request));
-    }
-  }
-  const auto* merges = reinterpret_cast<const AttentionMergeItem*>(plan + cap.merges_offset());
-  for (int64_t m = 0; m < num_merges; ++m) {
-    const AttentionMergeItem& mg = merges[m];
-    if (!rows_ok(mg.kv_head, mg.num_heads, mg.row_begin, mg.num_rows) || mg.q_token0 < 0 ||
-        mg.q_token0 + (mg.row_begin + mg.num_rows - 1) / sh.group >= p.total_q || mg.first_partial < 0 ||
-        mg.num_partials < 1 ||
-        mg.first_partial + static_cast<int64_t>(mg.num_partials) * mg.num_heads * mg.num_rows > partial_rows) {
-      return mismatch("merge " + std::to_string(m));
-    }
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 int64_t cpu_attention_workers() { return 2 * static_cast<int64_t>(max_threads()); }
@@ -503,7 +446,7 @@ Status hybrid_attention_cpu(const HybridAttentionParams& p) {
 Status hybrid_attention_cpu_planned(const HybridAttentionParams& p, const int32_t* plan,
                                     const AttentionPlanCapacity& cap) {
   Status st = validate_attention_indices(p);
-  if (st.ok()) st = check_plan(p, plan, cap);
+  if (st.ok()) st = validate_cpu_attention_plan(p, plan, cap);
   if (!st.ok()) return st;
   run_plan(p, plan, cap);
   return Status::Ok();

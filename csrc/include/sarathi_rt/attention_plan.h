@@ -70,6 +70,13 @@ constexpr int32_t kCpuMinSplitChunks = 16;  // CPU: a split piece covers at leas
 constexpr int64_t kMaxPiecesPerWorker = 32;
 constexpr int64_t kPartialRowsPerWorker = 512;
 constexpr int64_t kCpuVectorLanes = 16;  // the CPU kernel pads head_dim to this many floats
+constexpr int64_t kCpuKeyChunk = 32;     // keys per online-softmax step of the CPU kernel
+
+// Rows one CPU work item or merge may hold (the kernel's per-thread scratch is this tall):
+// a wide tile, or the direct rows of every KV head of a decode item.
+inline int64_t cpu_attention_max_rows(int64_t num_kv_heads) {
+  return num_kv_heads * kCpuDirectRows > kWideTileRows ? num_kv_heads * kCpuDirectRows : kWideTileRows;
+}
 
 enum class TileKind : int32_t { kNarrow = 0, kWide = 1 };
 enum class AttentionKernel : int32_t { kCuda = 0, kCpu = 1 };
@@ -215,6 +222,12 @@ AttentionPlanStats attention_plan_stats(const int32_t* buffer, const AttentionPl
 // error rather than a stray read.
 Status hybrid_attention_cpu_planned(const HybridAttentionParams& p, const int32_t* plan,
                                     const AttentionPlanCapacity& cap);
+
+// That check (validate.cpp): every item and merge of a CPU `plan` lies inside this call's
+// batch and the kernel's scratch, so a plan built for another step (same shapes, other
+// lengths) is an error naming what disagrees rather than an out-of-bounds read or write.
+Status validate_cpu_attention_plan(const HybridAttentionParams& p, const int32_t* plan,
+                                   const AttentionPlanCapacity& cap);
 
 }  // namespace sarathi_rt
 
