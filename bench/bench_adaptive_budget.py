@@ -81,8 +81,7 @@ def capacity(task: tuple) -> tuple[tuple, str, list]:
 def bracket(result: CapacityResult) -> list[float | None]:
     """[highest passing, lowest failing] probed rate: the capacity lies in between (None
     when the probes ran out before a rate failed)."""
-    failed = [p.qps for p in result.probes if not p.ok and p.qps > result.max_qps]
-    return [result.max_qps, min(failed, default=None)]
+    return [result.max_qps, result.lowest_failing]
 
 
 def best_budget(brackets: dict[str, list], sweep: list[int]) -> int:

@@ -64,10 +64,16 @@ class CapacityResult:
     probes: list[Probe] = field(default_factory=list)
 
     @property
+    def lowest_failing(self) -> float | None:
+        """The lowest probed rate above max_qps that failed: the capacity lies between the
+        two. None when the probes ran out while every rate passed."""
+        return min((p.qps for p in self.probes if not p.ok and p.qps > self.max_qps), default=None)
+
+    @property
     def bounded(self) -> bool:
-        """Whether a probed rate above max_qps failed; if not, the probes ran out while
-        every rate passed and max_qps is only a lower bound on the capacity."""
-        return any(not p.ok and p.qps > self.max_qps for p in self.probes)
+        """Whether a failing rate bounds max_qps from above; if not, max_qps is only a
+        lower bound on the capacity."""
+        return self.lowest_failing is not None
 
 
 class CapacitySearch:
