@@ -11,8 +11,8 @@ from sarathi_rt.measure.metrics import percentile
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, create_scheduler
 from sarathi_rt.scheduler.policies.sarathi import MAX_DECODE_HEADROOM_STEPS
 from sarathi_rt.step_time.shape import MAX_RATE_PROBES, StepShape, adaptive_prefill_tokens, predict
-from sarathi_rt.sim import (A100, H100, H200, LinearCostModel, PipelineLatency, VidurCostModel, get_hardware,
-                            infer_hardware, simulate)
+from sarathi_rt.sim import (A100, H100, H200, LinearCostModel, PipelineLatency, TableCostModel, VidurCostModel,
+                            get_hardware, infer_hardware, simulate)
 from sarathi_rt.step_time.online import OnlineStepTimeModel
 from sarathi_rt.workloads import WorkloadConfig, data_path, make_workload
 
@@ -67,9 +67,14 @@ class _KneeModel:
     """1 ms per token up to 256 tokens, 3 ms per token beyond: the most tokens per second
     is a step of exactly 256, though bigger ones fit a loose limit."""
 
+    margin = 0.0
+
     def predict_shape(self, shape: StepShape) -> float:
         n = shape.num_tokens
         return 0.01 + 0.001 * min(n, 256) + 0.003 * max(n - 256, 0)
+
+    def predict_bound(self, shape: StepShape) -> float:
+        return self.predict_shape(shape)  # monotone
 
     def observe(self, plan, seconds: float) -> None:
         pass
@@ -82,7 +87,8 @@ def test_adaptive_prefill_tokens_takes_the_fastest_step_within_the_limit() -> No
     # Untiled, the scan prices at most MAX_RATE_PROBES sizes (+ the binary search), not
     # one per token, and lands within one probe spacing of the best.
     calls = []
-    counting = type("Counting", (), {"predict_shape": lambda self, s: calls.append(s) or knee.predict_shape(s)})()
+    counted = lambda self, s: calls.append(s) or knee.predict_shape(s)  # noqa: E731
+    counting = type("Counting", (), {"predict_shape": counted, "predict_bound": counted})()
     assert abs(adaptive_prefill_tokens(counting, 10.0, 0, 0, 0, 4096, 1) - 256) <= 4096 // MAX_RATE_PROBES
     assert len(calls) <= 13 + MAX_RATE_PROBES + 1
 
@@ -100,15 +106,65 @@ def test_adaptive_prefill_tokens_with_min_tokens_adds_the_least_time_per_prefill
     assert adaptive_prefill_tokens(knee, 0.2, 16, 16, 0, 4096, 128, min_tokens=300) == 128 - 16  # the limit binds
 
 
+class _SpikeModel(_KneeModel):
+    """1 ms per token, but a step of 200-219 tokens (the GEMM library's worst kernel
+    choice) takes 0.5 s: not monotone, as a measured profile between two points."""
+
+    def predict_shape(self, shape: StepShape) -> float:
+        n = shape.num_tokens
+        return 0.5 if 200 <= n < 220 else 0.01 + 0.001 * n
+
+    def predict_bound(self, shape: StepShape) -> float:
+        n = shape.num_tokens
+        return 0.5 if n >= 200 else self.predict_shape(shape)
+
+
+def test_adaptive_prefill_tokens_fits_the_bound_of_every_smaller_step() -> None:
+    """A step sized for 256 tokens (0.266 s) holds 210 when a prompt ends inside it, and
+    that step takes 0.5 s: within a 0.3 s limit the size must be 128, the largest whose
+    every smaller step fits. With a limit above the spike, 256 again (the fastest)."""
+    spike = _SpikeModel()
+    assert spike.predict_shape(StepShape.hybrid(256, 0, 0, 0)) < 0.3
+    assert adaptive_prefill_tokens(spike, 0.3, 0, 0, 0, 4096, 128) == 128
+    assert adaptive_prefill_tokens(spike, 0.6, 0, 0, 0, 512, 128) == 512
+
+
+def test_measured_cost_models_bound_every_smaller_step_exactly() -> None:
+    """predict_bound of a measured model is the most its prediction takes at any token
+    count up to the step's (the measured part's running max; attention and sampling
+    only grow), checked by brute force over every count on the A100 vidur profile and
+    on a table with a dip, at random sizes."""
+    vidur = VidurCostModel(PROFILE)
+    table = TableCostModel([16, 64, 128, 192, 256], [0.02, 0.05, 0.09, 0.07, 0.12])
+    rng = random.Random(5)
+    for n in [1, 2, 100, 1226, 4096, 5000] + [rng.randrange(1, 4200) for _ in range(12)]:
+        dense = max(vidur.dense_time(m) for m in range(1, n + 1))
+        shape = StepShape.hybrid(n, 0, 0, 0)
+        assert vidur.predict_bound(shape) == pytest.approx(dense + sum(vidur.attention_and_head_time(shape)), rel=1e-12)
+        assert vidur.predict_bound(shape) >= vidur.predict_shape(shape)
+        m = min(n, 300)
+        assert table.predict_bound(StepShape.hybrid(m, 0, 0, 0)) == pytest.approx(
+            max(table.predict_shape(StepShape.hybrid(k, 0, 0, 0)) for k in range(1, m + 1)), rel=1e-12)
+    # The profile is not monotone: some step costs more than a larger one.
+    times = [vidur.dense_time(m) for m in range(1, 4097)]
+    assert any(a > b for a, b in zip(times, times[1:]))
+    assert table.predict_bound(StepShape.hybrid(192, 0, 0, 0)) == pytest.approx(0.09)
+
+
 class _DecodeOverheadModel:
     """The knee model's cost for the prefill chunk alone (fastest at 256 tokens) plus
     1 s per decode (a long-context decode, exaggerated): beside a decode, a step's
     prefill tokens per second keep growing with the chunk (the decode's second spread
     over more of them)."""
 
+    margin = 0.0
+
     def predict_shape(self, shape: StepShape) -> float:
         p = shape.num_prefill_tokens
         return 0.01 + 1.0 * shape.num_decodes + 0.001 * min(p, 256) + 0.003 * max(p - 256, 0)
+
+    def predict_bound(self, shape: StepShape) -> float:
+        return self.predict_shape(shape)  # monotone
 
     def observe(self, plan, seconds: float) -> None:
         pass
@@ -143,6 +199,30 @@ def test_adaptive_budget_sizes_the_chunk_by_who_sets_the_steps() -> None:
 
     assert first_chunk(40) == 256 - 1
     assert first_chunk(2) == 2000
+
+
+
+def test_slo_margin_defaults_to_the_step_time_models_own() -> None:
+    """The budget holds back the step-time model's margin unless the config names one:
+    none for the simulator's cost model (its predictions are the steps' times), 10% for
+    the engine's learned model. LinearCostModel(0.01, 0.001) at a 0.1 s SLO: 90 prefill
+    tokens with no margin, 80 with 10%."""
+    def first_chunk(model, **kw) -> int:
+        s = create_scheduler(SchedulerConfig(token_budget=512, max_num_seqs=4, tbt_slo=0.1, **kw), model)
+        s.add_request(0, 1000, 2)
+        return s.schedule().num_prefill_tokens
+
+    cost = LinearCostModel(0.01, 0.001)
+    assert SchedulerConfig().slo_margin is None
+    assert cost.margin == 0.0 and PipelineLatency(cost, 2).margin == 0.0 and OnlineStepTimeModel().margin == 0.1
+    assert first_chunk(cost) == 90
+    assert first_chunk(cost, slo_margin=0.1) == 80
+    learned = OnlineStepTimeModel()
+    for n in [16, 64, 128, 256, 512, 32, 100, 8, 300, 200] * 20:  # the early misfits leave its error window
+        learned.observe(BatchPlan(1, [PlanEntry("x", 0, n, True, True)], num_prefill_tokens=n), 0.01 + 0.001 * n)
+    # The fit is exact up to rounding, and the guard a hair above 0.
+    assert 78 <= first_chunk(learned) == first_chunk(learned, slo_margin=0.1) <= 80
+    assert 88 <= first_chunk(learned, slo_margin=0.0) <= 90
 
 
 def _adaptive(slo: float, cost, **kw):

@@ -34,6 +34,9 @@ class SchedulerConfig:
         sarathi): prefill gets the most tile-aligned tokens whose step, as the
         scheduler's step-time model predicts it, stays within tbt_slo * (1 - slo_margin),
         never more than token_budget. Needs a step-time model (create_scheduler).
+    slo_margin: the share of tbt_slo held back for the step-time model's error; None
+        (the default): the model's own `margin` (0 for the simulator's cost model, which
+        is the step's time by construction; 0.1 for the engine's learned model).
     enable_prefix_caching: reuse the KV blocks of prompt prefixes computed before (for
         requests added with prompt_token_ids). Off here so that a bare config schedules
         exactly as without a cache; the engine turns it on.
@@ -61,7 +64,7 @@ class SchedulerConfig:
     long_prefill_threshold: int | None = None
     watermark: float = 0.01
     tbt_slo: float | None = None
-    slo_margin: float = 0.1
+    slo_margin: float | None = None
     enable_prefix_caching: bool = False
     qos_classes: Mapping[str, QoSClass] | None = None
     default_qos: str | None = None
@@ -85,7 +88,7 @@ class SchedulerConfig:
         if self.tbt_slo is not None and not (isinstance(self.tbt_slo, (int, float)) and
                                              self.tbt_slo > 0 and math.isfinite(self.tbt_slo)):
             raise ValueError(f"tbt_slo must be a positive finite number of seconds, got {self.tbt_slo!r}")
-        if not 0.0 <= self.slo_margin < 1.0:
+        if self.slo_margin is not None and not 0.0 <= self.slo_margin < 1.0:
             raise ValueError(f"slo_margin must be in [0, 1), got {self.slo_margin!r}")
         if self.tbt_slo is not None and not policy_cls.adaptive:
             raise ValueError(f"tbt_slo (the adaptive token budget) is not supported by policy "

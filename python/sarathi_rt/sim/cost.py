@@ -11,10 +11,11 @@ import bisect
 import csv
 import gzip
 import io
+import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from sarathi_rt.scheduler import BatchPlan
 from sarathi_rt.step_time.shape import StepShape
@@ -33,10 +34,19 @@ class CostModel(Protocol):
 
 class ShapeCost:
     """A cost model that reads only the step's shape. It is also the simulator's step-time
-    model for the adaptive budget (exact by construction, so it learns nothing)."""
+    model for the adaptive budget (exact by construction, so it learns nothing and the
+    budget holds no margin back for its error)."""
+
+    margin = 0.0
 
     def predict_shape(self, shape: StepShape) -> float:
         raise NotImplementedError
+
+    def predict_bound(self, shape: StepShape) -> float:
+        """The most a step of this shape or one with fewer tokens takes (StepTimeModel).
+        This is predict_shape for a model monotone in every count; the models read from
+        measured points override it (TokenPeak)."""
+        return self.predict_shape(shape)
 
     def step_time(self, plan: BatchPlan) -> float:
         return self.predict_shape(StepShape.of_plan(plan))
@@ -59,6 +69,24 @@ def interpolate_measured(xs: Sequence[float], ys: Sequence[float], x: float) -> 
         return ys[i]
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+class TokenPeak:
+    """The most f takes at any token count up to n, for an f of the token count that is
+    linear between measured points `xs` (constant below the first, rising beyond the
+    last): f(n) or f at a measured point below n, whichever is larger. The running max of
+    f over the points is computed once. Measured step times are not monotone between
+    points (the GEMM library changes kernels), and a step sized for n tokens may hold
+    fewer, so this is what a size must fit by."""
+
+    def __init__(self, xs: Sequence[float], f: Callable[[int], float]) -> None:
+        self._xs = list(xs)
+        self._peak = list(itertools.accumulate((f(int(x)) for x in xs), max))
+
+    def at_most(self, n: int, f_n: float) -> float:
+        """The most f takes at counts up to n, given f_n = f(n)."""
+        i = bisect.bisect_left(self._xs, n)  # the points strictly below n
+        return f_n if i == 0 else max(f_n, self._peak[i - 1])
 
 
 @dataclass(frozen=True)
@@ -97,9 +125,13 @@ class TableCostModel(ShapeCost):
         self._xs = [float(n) for n, _ in pairs]
         self._ys = [float(s) for _, s in pairs]
         self.comm_s = comm_s
+        self._peak = TokenPeak(self._xs, lambda n: interpolate_measured(self._xs, self._ys, n))
 
     def predict_shape(self, shape: StepShape) -> float:
         return interpolate_measured(self._xs, self._ys, shape.num_tokens)
+
+    def predict_bound(self, shape: StepShape) -> float:
+        return self._peak.at_most(shape.num_tokens, self.predict_shape(shape))
 
     def comm_time(self, num_tokens: int) -> float:
         return self.comm_s
@@ -166,6 +198,7 @@ class VidurCostModel(ShapeCost):
         self._layer_s = [1e-3 * sum(layer[n]) / len(layer[n]) for n in sorted(layer)]
         self._emb_s = [1e-3 * sum(emb[n]) / len(emb[n]) for n in sorted(emb)]
         self._dense_cache: dict[int, float] = {}
+        self._dense_peak = TokenPeak(self._xs, self.dense_time)
 
     def kv_cache_blocks(self, block_size: int = 16, mem_bytes: float | None = None, utilization: float = 0.9,
                         pipeline_stages: int = 1) -> int:
@@ -210,6 +243,11 @@ class VidurCostModel(ShapeCost):
     def predict_shape(self, shape: StepShape) -> float:
         # The measured times already hold the tile staircase: no padding is added.
         return self.dense_time(shape.num_tokens) + sum(self.attention_and_head_time(shape))
+
+    def predict_bound(self, shape: StepShape) -> float:
+        # Attention and the LM head only grow with the step; the measured part may not.
+        n = shape.num_tokens
+        return self._dense_peak.at_most(n, self.dense_time(n)) + sum(self.attention_and_head_time(shape))
 
     def comm_time(self, num_tokens: int) -> float:
         return self.hw.link_latency_s + num_tokens * self.hidden * self.dtype_bytes / self.hw.link_bw

@@ -32,7 +32,7 @@ import numpy as np
 from sarathi_rt.step_time.shape import StepShape
 from sarathi_rt.step_time.online import fit_nonnegative
 
-from .cost import ShapeCost
+from .cost import ShapeCost, TokenPeak
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,7 @@ class ShapeCostModel(ShapeCost):
         g = len(self._grid)
         self._g = coef[:g].tolist()
         self.a_pairs, self.a_kv, self.a_sampled, self.head_s = coef[g:].tolist()
+        self._dense_peak = TokenPeak(self._grid, self.dense_time)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ShapeCostModel:
@@ -139,12 +140,20 @@ class ShapeCostModel(ShapeCost):
 
     def model_time(self, shape: StepShape) -> float:
         """The executor's time for a step of this shape (no host overhead)."""
-        return self.dense_time(shape.num_tokens) + self.a_pairs * shape.prefill_pairs + \
-            self.a_kv * (shape.prefill_kv + shape.decode_kv) + self.a_sampled * shape.num_sampled + \
-            (self.head_s if shape.num_sampled else 0.0)
+        return self.dense_time(shape.num_tokens) + self._shape_time(shape)
+
+    def _shape_time(self, shape: StepShape) -> float:
+        """Everything but G: attention, the KV read, sampling and the LM head."""
+        return self.a_pairs * shape.prefill_pairs + self.a_kv * (shape.prefill_kv + shape.decode_kv) + \
+            self.a_sampled * shape.num_sampled + (self.head_s if shape.num_sampled else 0.0)
 
     def predict_shape(self, shape: StepShape) -> float:
         return self.host_s + self.model_time(shape)
+
+    def predict_bound(self, shape: StepShape) -> float:
+        # G keeps the measured small-batch dips; every other term grows with the step.
+        n = shape.num_tokens
+        return self.host_s + self._dense_peak.at_most(n, self.dense_time(n)) + self._shape_time(shape)
 
     def comm_time(self, num_tokens: int) -> float:
         return self.comm_s

@@ -64,11 +64,17 @@ class PipelineLatency:
     through the pipeline (each stage is busy with one of them at a time), so sizing
     each micro-batch's trip to the SLO is what sizing a step is without a pipeline."""
 
+    margin = 0.0  # exact, as the cost model is
+
     def __init__(self, cost_model: CostModel, stages: int) -> None:
         self.cost_model, self.stages = cost_model, stages
 
     def predict_shape(self, shape: StepShape) -> float:
         return self.cost_model.predict_shape(shape) + (self.stages - 1) * self.cost_model.comm_time(shape.num_tokens)
+
+    def predict_bound(self, shape: StepShape) -> float:
+        # A send grows with the tokens it carries.
+        return self.cost_model.predict_bound(shape) + (self.stages - 1) * self.cost_model.comm_time(shape.num_tokens)
 
     def observe(self, plan: BatchPlan, seconds: float) -> None:
         """Exact by construction: nothing to learn."""

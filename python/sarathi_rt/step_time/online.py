@@ -68,7 +68,15 @@ class OnlineStepTimeModel:
     """quantile: of the recent errors (as shares of step size) added to the fit (0.99
     guards P99 TBT);
     window: steps the fit remembers; error_window: steps whose errors make the guard;
-    min_observations: steps seen before the fit is trusted."""
+    min_observations: steps seen before the fit is trusted.
+
+    margin: the adaptive budget sizes steps to 90% of the SLO on this model's forecasts.
+    The guard is a quantile of errors already seen, so it trails a change of load (a
+    burst, another process taking the cores) by up to error_window steps; on a shared
+    CPU 2-4% of steps outran their forecast with the margin (bench/RESULTS.md, adaptive
+    budget on the engine)."""
+
+    margin = 0.1
 
     def __init__(self, quantile: float = 0.99, window: int = 512, min_observations: int = 16,
                  error_window: int = 128) -> None:
@@ -108,6 +116,11 @@ class OnlineStepTimeModel:
         if shape.num_tokens > self._largest[0]:  # beyond what it has seen: no extrapolating down
             t = max(t, self._scaled_largest(shape.num_tokens))
         return t
+
+    def predict_bound(self, shape: StepShape) -> float:
+        """The forecast: the fit's coefficients are >= 0 and the guard and the scaling
+        of the largest step grow with the step, so it is monotone in every count."""
+        return self.predict_shape(shape)
 
     def observe(self, plan: BatchPlan, seconds: float) -> None:
         if not (seconds >= 0 and math.isfinite(seconds)):

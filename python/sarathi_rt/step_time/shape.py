@@ -62,11 +62,24 @@ MAX_RATE_PROBES = 32
 
 class StepTimeModel(Protocol):
     """Predicts one step's seconds from its shape. In the simulator it is the cost
-    model itself; in the engine it learns from the steps it observes."""
+    model itself; in the engine it learns from the steps it observes.
+
+    margin: the share of the time limit the adaptive budget holds back for this model's
+    error (SchedulerConfig.slo_margin overrides it): 0 for a model that is the step's
+    time by construction (the simulator's cost model), more for one that learns."""
+
+    margin: float
 
     def predict_shape(self, shape: StepShape) -> float:
         """Seconds for a step of this shape (a high quantile, not the mean, when the
         model is uncertain: the adaptive budget guards P99 TBT with it)."""
+
+    def predict_bound(self, shape: StepShape) -> float:
+        """The most seconds a step of this shape takes, or one like it with fewer
+        tokens: a step sized for n prefill tokens holds fewer when a prompt ends inside
+        it, and a measured profile is not monotone in the token count (the GEMM library
+        picks another kernel between two sizes), so the budget checks a size against
+        this bound. predict_shape for a model that is monotone in the token count."""
 
     def observe(self, plan: BatchPlan, seconds: float) -> None:
         """Learn from a step that ran `plan` in `seconds` (a no-op for fixed models)."""
@@ -92,9 +105,10 @@ def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int
     a tie).
     With `min_tokens`, of the sizes that fit and hold at least that many, the one that
     adds the least time per prefill token to the decodes' step (the largest that fits
-    when none holds them). Binary search for the largest that fits (step time grows
-    with n; a model that is not monotone still gets a step within the limit), then a
-    scan below it (of at most MAX_RATE_PROBES sizes, evenly spaced)."""
+    when none holds them). A size fits when the model's bound (predict_bound: this step
+    or any with fewer prefill tokens) is within the limit; binary search for the largest
+    (the bound grows with n), then a scan below it (of at most MAX_RATE_PROBES sizes,
+    evenly spaced) on the model's predictions."""
     lo = num_decodes // quantum + 1  # the fewest quanta that hold every decode and >= 1 prefill token
     hi = max_tokens // quantum
     first = lo
@@ -102,7 +116,7 @@ def adaptive_prefill_tokens(model: StepTimeModel, limit: float, num_decodes: int
     while lo <= hi:
         k = (lo + hi) // 2
         n = k * quantum - num_decodes
-        if model.predict_shape(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv)) <= limit:
+        if model.predict_bound(StepShape.hybrid(n, prefill_context, num_decodes, decode_kv)) <= limit:
             best, lo = n, k + 1
         else:
             hi = k - 1

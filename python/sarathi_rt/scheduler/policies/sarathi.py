@@ -232,12 +232,14 @@ class SarathiScheduler(Scheduler):
 
     def _step_seconds(self, reqs: list[Request]) -> float:
         """The most seconds a step holding `reqs` may be predicted to take: tbt_slo and,
-        deadline-aware, its decodes' deadlines (step_limit), less the margin."""
+        deadline-aware, its decodes' deadlines (step_limit), less the margin
+        (config.slo_margin, else the step-time model's own)."""
         cfg = self.config
         limit = cfg.tbt_slo if cfg.tbt_slo is not None else float("inf")
         if cfg.deadline_aware:
             limit = min(limit, step_limit((r for r in reqs if not r.is_prefill), self._now))
-        return limit * (1 - cfg.slo_margin)
+        margin = cfg.slo_margin if cfg.slo_margin is not None else self.step_time_model.margin  # type: ignore[union-attr]
+        return limit * (1 - margin)
 
     def _step_aside(self, b: StepBuilder, pending: list[Request]) -> None:
         """Leave slack decodes out of this step when a tighter prompt needs the time.
