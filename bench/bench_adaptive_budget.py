@@ -18,7 +18,7 @@ never read the adaptive rule, so a change to that rule needs only its own column
 rerun best static must reproduce the file's figure exactly (else the run stops: the static
 policies changed and the whole grid must be rerun).
 
-    python bench/bench_adaptive_budget.py [--jobs 2] [--num-requests 200] [--out bench_out/adaptive_budget]
+    python bench/bench_adaptive_budget.py [--jobs 2] [--num-requests 200] [--traces sharegpt,arxiv] [--out DIR]
     python bench/bench_adaptive_budget.py --static-from bench/results/adaptive_budget_capacity.json
     python bench/bench_adaptive_budget.py --smoke
 """
@@ -129,12 +129,17 @@ def main() -> None:
     p.add_argument("--rel-tol", type=float, default=0.01)
     p.add_argument("--max-probes", type=int, default=16)
     p.add_argument("--seeds", default="0,1")
+    p.add_argument("--traces", default=",".join(BUILTIN_TRACES), help="a part of the grid: these traces only")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="capacity searches in parallel")
     p.add_argument("--out", default="bench_out/adaptive_budget")
     p.add_argument("--smoke", action="store_true", help="one small cell, two budgets: the same code path in seconds")
     p.add_argument("--static-from", help="reuse the static capacities of this capacity.json (see above)")
     args = p.parse_args()
-    profiles, hardware, traces, slos = shipped_profiles(), sorted(HARDWARE), list(BUILTIN_TRACES), list(SLO_FACTORS)
+    traces = args.traces.split(",")
+    unknown = sorted(set(traces) - set(BUILTIN_TRACES))
+    if unknown:
+        raise SystemExit(f"--traces: no shipped trace {unknown[0]!r} (shipped: {', '.join(BUILTIN_TRACES)})")
+    profiles, hardware, slos = shipped_profiles(), sorted(HARDWARE), list(SLO_FACTORS)
     sweep, seeds = list(SWEEP), [int(s) for s in args.seeds.split(",")]
     if args.smoke:
         profiles, hardware, traces, slos, seeds, sweep = profiles[:1], ["a100"], ["sharegpt"], ["strict"], [0], [256, 512]

@@ -99,6 +99,8 @@ def test_adaptive_budget_reuses_statics_only_when_they_reproduce(tmp_path: Path)
         return subprocess.run([*script, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT_S)
 
+    bad = run("--traces", "sharegpt,nope")
+    assert bad.returncode != 0 and "--traces: no shipped trace 'nope'" in bad.stderr
     first = run("--out", "first")
     assert first.returncode == 0, first.stderr
     saved = tmp_path / "first" / "capacity.json"
