@@ -15,7 +15,7 @@ import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from sarathi_rt.scheduler import BatchPlan
 from sarathi_rt.step_time.shape import StepShape
@@ -73,15 +73,15 @@ def interpolate_measured(xs: Sequence[float], ys: Sequence[float], x: float) -> 
 
 class TokenPeak:
     """The most f takes at any token count up to n, for an f of the token count that is
-    linear between measured points `xs` (constant below the first, rising beyond the
-    last): f(n) or f at a measured point below n, whichever is larger. The running max of
-    f over the points is computed once. Measured step times are not monotone between
+    linear between measured points `xs` (values `ys` there; constant below the first,
+    rising beyond the last): f(n) or f at a measured point below n, whichever is larger.
+    The running max of ys is computed once. Measured step times are not monotone between
     points (the GEMM library changes kernels), and a step sized for n tokens may hold
     fewer, so this is what a size must fit by."""
 
-    def __init__(self, xs: Sequence[float], f: Callable[[int], float]) -> None:
+    def __init__(self, xs: Sequence[float], ys: Sequence[float]) -> None:
         self._xs = list(xs)
-        self._peak = list(itertools.accumulate((f(int(x)) for x in xs), max))
+        self._peak = list(itertools.accumulate(ys, max))
 
     def at_most(self, n: int, f_n: float) -> float:
         """The most f takes at counts up to n, given f_n = f(n)."""
@@ -125,7 +125,7 @@ class TableCostModel(ShapeCost):
         self._xs = [float(n) for n, _ in pairs]
         self._ys = [float(s) for _, s in pairs]
         self.comm_s = comm_s
-        self._peak = TokenPeak(self._xs, lambda n: interpolate_measured(self._xs, self._ys, n))
+        self._peak = TokenPeak(self._xs, self._ys)
 
     def predict_shape(self, shape: StepShape) -> float:
         return interpolate_measured(self._xs, self._ys, shape.num_tokens)
@@ -198,7 +198,7 @@ class VidurCostModel(ShapeCost):
         self._layer_s = [1e-3 * sum(layer[n]) / len(layer[n]) for n in sorted(layer)]
         self._emb_s = [1e-3 * sum(emb[n]) / len(emb[n]) for n in sorted(emb)]
         self._dense_cache: dict[int, float] = {}
-        self._dense_peak = TokenPeak(self._xs, self.dense_time)
+        self._dense_peak = TokenPeak(self._xs, [self.dense_time(int(x)) for x in self._xs])
 
     def kv_cache_blocks(self, block_size: int = 16, mem_bytes: float | None = None, utilization: float = 0.9,
                         pipeline_stages: int = 1) -> int:

@@ -110,7 +110,7 @@ class ShapeCostModel(ShapeCost):
         g = len(self._grid)
         self._g = coef[:g].tolist()
         self.a_pairs, self.a_kv, self.a_sampled, self.head_s = coef[g:].tolist()
-        self._dense_peak = TokenPeak(self._grid, self.dense_time)
+        self._dense_peak = TokenPeak(self._grid, self._g)  # G at its grid points
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ShapeCostModel:
