@@ -9,6 +9,7 @@
 #include <string>
 
 #include "build_info.h"
+#include "isa_binding.h"
 #include "step_indices_binding.h"
 #include "sarathi_rt/attention_plan.h"
 #include "sarathi_rt/block_allocator.h"
@@ -392,6 +393,7 @@ PYBIND11_MODULE(_C, m) {
 
   bind_build_info(m);
   bind_step_indices(m);
+  bind_isa(m);
 
   py::enum_<DType>(m, "DType")
       .value("float32", DType::kFloat32)

@@ -51,8 +51,8 @@ def test_cpu_flags_read_the_first_cpu(tmp_path: Path) -> None:
     assert missing_bf16({"avx2", "avx512_bf16"}) == () and missing_bf16({"amx_bf16"}) == ()
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t\t: none\nprocessor\t: 1\nflags\t\t: fpu\n")
-    assert cpu_flags(info) == {"fpu", "avx2", "fma"}
-    assert cpu_flags(tmp_path / "absent") == set()  # no /proc/cpuinfo (not Linux): no native bf16 assumed
+    assert cpu_flags(info, environ={}) == {"fpu", "avx2", "fma"}
+    assert cpu_flags(tmp_path / "absent", environ={}) == set()  # no /proc/cpuinfo (not Linux): no native bf16 assumed
 
 
 def test_the_variable_takes_emulate_or_nothing() -> None:

@@ -12,18 +12,20 @@
 
 #include "cpu_dtype.h"
 
-// Compiles the hot function once per ISA level and picks one at load time (ifunc), so
-// the wheel runs on any x86-64 yet uses AVX2/FMA/F16C or AVX-512 where present. The
-// x86-64-v3/v4 levels are chosen by CPU features; a named arch (haswell, ...) would be
-// chosen by CPU model and so never on AMD.
+// A hot function is compiled once per ISA level (SRT_TARGET_V3/V4 on a wrapper around an
+// always-inlined body) and picked at run time by isa_level(), so the wheel runs on any
+// x86-64 yet uses AVX2/FMA/F16C or AVX-512 where present, and a test (or
+// SARATHI_RT_CPU_ISA) can run a lower level's code on a higher CPU. The x86-64-v3/v4
+// levels are chosen by CPU features; a named arch (haswell, ...) would be chosen by CPU
+// model and so never on AMD. Elsewhere every level compiles to the baseline.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define SRT_CPU_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #define SRT_ISA_LEVELS 1
 #define SRT_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
 #define SRT_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
 #else
-#define SRT_CPU_CLONES
 #define SRT_ISA_LEVELS 0
+#define SRT_TARGET_V3
+#define SRT_TARGET_V4
 #endif
 
 // Helpers are always inlined so that each clone compiles them for its own ISA; for the
@@ -34,18 +36,24 @@
 
 namespace sarathi_rt::cpu {
 
-// The ISA level this CPU runs, for kernels that pick a vector width per level by hand
-// (the levels SRT_CPU_CLONES compiles for).
+// The ISA level the kernels run: the CPU's own (the levels compiled for), unless
+// set_isa_cap() lowered it.
 enum class IsaLevel { kBase, kV3, kV4 };
-inline IsaLevel isa_level() {
-#if SRT_ISA_LEVELS
-  static const IsaLevel level = __builtin_cpu_supports("x86-64-v4")   ? IsaLevel::kV4
-                                : __builtin_cpu_supports("x86-64-v3") ? IsaLevel::kV3
-                                                                      : IsaLevel::kBase;
-  return level;
-#else
-  return IsaLevel::kBase;
-#endif
+IsaLevel native_isa_level();
+IsaLevel isa_level();
+// Caps isa_level() at `cap` (a level above the CPU's runs the CPU's); set by Python when
+// the core loads (SARATHI_RT_CPU_ISA) and by the tests of each level.
+void set_isa_cap(IsaLevel cap);
+
+// The function of the running level among three compilations of one body.
+template <typename Fn>
+Fn pick_isa(Fn v4, Fn v3, Fn base) {
+  switch (isa_level()) {
+    case IsaLevel::kV4: return v4;
+    case IsaLevel::kV3: return v3;
+    case IsaLevel::kBase: break;
+  }
+  return base;
 }
 
 // Vectors of W floats (and the integer and half-precision vectors beside them). A kernel

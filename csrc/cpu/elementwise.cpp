@@ -88,14 +88,14 @@ SRT_SIMD_INLINE cpu::vf silu(const cpu::vf& g) {
   return g * sigmoid;
 }
 
-// One row, compiled per ISA. The clones sit inside the OpenMP loop, not around it: GCC
-// outlines a parallel loop's body into a function of its own that target_clones does
-// not clone, so a cloned function holding the loop runs its vectors at the baseline
-// ISA (SSE2) on every CPU (2-4x the time of the AVX2 clone here).
+// One row, compiled per ISA level. The level is picked outside the OpenMP loop and the
+// compiled row called inside it: GCC outlines a parallel loop's body into a function of
+// its own that no target attribute reaches, so a compiled function holding the loop runs
+// its vectors at the baseline ISA (SSE2) on every CPU (2-4x the time of AVX2 here).
 // Whole vectors first, then the tail on its own: with load_row's tail branch inside
 // the loop GCC ran every load through memory (2.5x the loop's time).
 template <typename T>
-SRT_CPU_CLONES void silu_and_mul_row(const T* gate, T* o, int64_t I) {
+SRT_SIMD_INLINE void silu_and_mul_row(const T* gate, T* o, int64_t I) {
   const T* up = gate + I;
   int64_t i = 0;
   for (; i + cpu::kLanes <= I; i += cpu::kLanes) {
@@ -103,14 +103,24 @@ SRT_CPU_CLONES void silu_and_mul_row(const T* gate, T* o, int64_t I) {
   }
   if (i < I) cpu::store_row(o, i, I, silu(cpu::load_partial(gate + i, I - i)) * cpu::load_partial(up + i, I - i));
 }
+template <typename T>
+using SiluRowFn = void (*)(const T*, T*, int64_t);
+template <typename T>
+SRT_TARGET_V4 void silu_and_mul_row_v4(const T* gate, T* o, int64_t I) { silu_and_mul_row(gate, o, I); }
+template <typename T>
+SRT_TARGET_V3 void silu_and_mul_row_v3(const T* gate, T* o, int64_t I) { silu_and_mul_row(gate, o, I); }
+template <typename T>
+void silu_and_mul_row_base(const T* gate, T* o, int64_t I) { silu_and_mul_row(gate, o, I); }
 
 template <typename T>
 void silu_and_mul_rows(const SiluAndMulParams& p) {
   const auto* x = static_cast<const T*>(p.x);
   auto* out = static_cast<T*>(p.out);
   const int64_t I = p.intermediate;
+  const SiluRowFn<T> row = cpu::pick_isa<SiluRowFn<T>>(silu_and_mul_row_v4<T>, silu_and_mul_row_v3<T>,
+                                                       silu_and_mul_row_base<T>);
 #pragma omp parallel for schedule(static) if (p.num_tokens * I > kParallelElems)
-  for (int64_t t = 0; t < p.num_tokens; ++t) silu_and_mul_row(x + t * p.x_stride, out + t * p.out_stride, I);
+  for (int64_t t = 0; t < p.num_tokens; ++t) row(x + t * p.x_stride, out + t * p.out_stride, I);
 }
 
 template <template <typename> class Fn, typename P>

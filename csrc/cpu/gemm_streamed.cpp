@@ -62,19 +62,36 @@ SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
   }
 }
 
-// w's row blocks [blk0, blk1) against x's rows [t0, t1), compiled per ISA. The clones
-// sit inside the OpenMP loop, not around it: GCC outlines a parallel loop's body into a
-// function that target_clones does not clone, which would run it at the baseline ISA.
+// w's row blocks [blk0, blk1) against x's rows [t0, t1), compiled per ISA level (each
+// at its register width: 4x4 blocks of 16 floats on AVX-512, 4x3 of 8 below, which fit
+// the 16 AVX2 registers). The level is picked outside the OpenMP loop and the compiled
+// range called inside it: GCC outlines a parallel loop's body into a function of its own
+// that no target attribute reaches, which would run it at the baseline ISA.
 template <typename T, int W, int64_t BM, int64_t BN>
-SRT_CPU_CLONES void gemm_range(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
+SRT_SIMD_INLINE void gemm_range(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
   for (int64_t blk = blk0; blk < blk1; ++blk) {
     for (int64_t m0 = t0; m0 < t1; m0 += BM) gemm_block<T, W, BM, BN>(p, m0, blk * BN);
   }
 }
+using RangeFn = void (*)(const GemmParams&, int64_t, int64_t, int64_t, int64_t);
+template <typename T>
+SRT_TARGET_V4 void gemm_range_v4(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
+  gemm_range<T, 16, 4, 4>(p, blk0, blk1, t0, t1);
+}
+template <typename T>
+SRT_TARGET_V3 void gemm_range_v3(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
+  gemm_range<T, 8, 4, 3>(p, blk0, blk1, t0, t1);
+}
+template <typename T>
+void gemm_range_base(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
+  gemm_range<T, 8, 4, 3>(p, blk0, blk1, t0, t1);
+}
 
-template <typename T, int W, int64_t BM, int64_t BN>
-void gemm_streamed(const GemmParams& p) {
-  constexpr int64_t kBlocksPerTask = 64;  // a call per 256 of w's rows: its cost vanishes
+// Every tile of x's rows against all of w, a task per 64 of w's row blocks (a call per
+// 256 of w's rows: its cost vanishes), `range` being the level's compiled range of BN-row blocks.
+template <typename T, int64_t BN>
+void gemm_tiles(const GemmParams& p, RangeFn range) {
+  constexpr int64_t kBlocksPerTask = 64, BM = 4;
   const int64_t row_bytes = std::max<int64_t>(1, p.k * int64_t{sizeof(T)});
   const int64_t tile = std::max(BM, kTileBytes / row_bytes / BM * BM);
   const int64_t blocks = ceil_div(p.n, BN), tasks = ceil_div(blocks, kBlocksPerTask);
@@ -82,18 +99,19 @@ void gemm_streamed(const GemmParams& p) {
     const int64_t t1 = std::min(p.m, t0 + tile);
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
-      gemm_range<T, W, BM, BN>(p, task * kBlocksPerTask, std::min(blocks, (task + 1) * kBlocksPerTask), t0, t1);
+      range(p, task * kBlocksPerTask, std::min(blocks, (task + 1) * kBlocksPerTask), t0, t1);
     }
   }
 }
 
 template <typename T>
-void gemm_streamed_for_cpu(const GemmParams& p) {
-  if (cpu::isa_level() == cpu::IsaLevel::kV4) {
-    gemm_streamed<T, 16, 4, 4>(p);
-  } else {
-    gemm_streamed<T, 8, 4, 3>(p);
+void gemm_streamed(const GemmParams& p) {
+  switch (cpu::isa_level()) {
+    case cpu::IsaLevel::kV4: return gemm_tiles<T, 4>(p, gemm_range_v4<T>);
+    case cpu::IsaLevel::kV3: return gemm_tiles<T, 3>(p, gemm_range_v3<T>);
+    case cpu::IsaLevel::kBase: break;
   }
+  gemm_tiles<T, 3>(p, gemm_range_base<T>);
 }
 
 }  // namespace
@@ -104,9 +122,9 @@ Status gemm_streamed_cpu(const GemmParams& p) {
                            ", k = " + std::to_string(p.k));
   }
   switch (p.dtype) {
-    case DType::kFloat32: gemm_streamed_for_cpu<float>(p); break;
-    case DType::kFloat16: gemm_streamed_for_cpu<cpu::f16>(p); break;
-    case DType::kBFloat16: gemm_streamed_for_cpu<cpu::bf16>(p); break;
+    case DType::kFloat32: gemm_streamed<float>(p); break;
+    case DType::kFloat16: gemm_streamed<cpu::f16>(p); break;
+    case DType::kBFloat16: gemm_streamed<cpu::bf16>(p); break;
   }
   return Status::Ok();
 }

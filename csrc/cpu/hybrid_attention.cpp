@@ -308,7 +308,6 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
 // run_item compiled at each ISA level's register width, chosen once per call.
 template <typename T>
 using ItemFn = void (*)(const HybridAttentionParams&, const Shape&, const AttentionWorkItem&, Scratch&, float*);
-#if SRT_ISA_LEVELS
 template <typename T>
 SRT_TARGET_V4 void run_item_v4(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
                                float* partials) {
@@ -319,7 +318,6 @@ SRT_TARGET_V3 void run_item_v3(const HybridAttentionParams& p, const Shape& sh, 
                                float* partials) {
   run_item<T, 8>(p, sh, w, t, partials);
 }
-#endif
 template <typename T>
 void run_item_base(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
                    float* partials) {
@@ -327,14 +325,7 @@ void run_item_base(const HybridAttentionParams& p, const Shape& sh, const Attent
 }
 template <typename T>
 ItemFn<T> item_fn() {
-#if SRT_ISA_LEVELS
-  switch (cpu::isa_level()) {
-    case cpu::IsaLevel::kV4: return run_item_v4<T>;
-    case cpu::IsaLevel::kV3: return run_item_v3<T>;
-    case cpu::IsaLevel::kBase: break;
-  }
-#endif
-  return run_item_base<T>;
+  return cpu::pick_isa<ItemFn<T>>(run_item_v4<T>, run_item_v3<T>, run_item_base<T>);
 }
 
 // Combines the pieces of one split tile (in key order, so results are deterministic):

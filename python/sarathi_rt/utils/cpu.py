@@ -11,6 +11,12 @@ float32 in software and bf16 is 2-5x slower than float32 (bench/RESULTS.md). So:
   which runs bf16 emulated (to match a GPU's numerics, or to test the bf16 path here);
 - any other explicit dtype: as given.
 
+SARATHI_RT_CPU_ISA=<level> makes this CPU behave as one of a lower ISA level (one of
+ISA_LEVELS): the dtype rule sees only that level's flags and the native kernels run
+that level's code, so a developer on an AVX-512/AMX host can run what an AVX2 host runs
+(and CI can test both host kinds on either). It only lowers: a level the CPU lacks, or
+an unknown one, is a ValueError naming the variable and the CPU's flags.
+
 Torch-free: the roofline model and the benches read the flags without loading torch."""
 from __future__ import annotations
 
@@ -24,13 +30,26 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 BF16_ENV = "SARATHI_RT_CPU_BF16"
 BF16_EMULATE = "emulate"
 CPUINFO = Path("/proc/cpuinfo")
+ISA_ENV = "SARATHI_RT_CPU_ISA"
+# The levels, lowest first, each with the /proc/cpuinfo flags it adds to the ones below.
+# "avx2" is x86-64-v3 and "avx512" x86-64-v4 (the levels the kernels are compiled for);
+# the bf16 levels add the flags the dtype rule reads.
+ISA_LEVELS: dict[str, tuple[str, ...]] = {
+    "base": (),
+    "avx2": ("avx2", "fma", "f16c", "bmi2"),
+    "avx512": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"),
+    "avx512_bf16": ("avx512_bf16",),
+    "amx": ("amx_bf16", "amx_tile"),
+}
+# The level name the native kernels take for each level (they have no bf16-specific code).
+KERNEL_LEVEL = {"base": "base", "avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512", "amx": "avx512"}
 # The rule in one line, for the command line's --dtype help.
 DTYPE_HELP = (f"float32, bfloat16 or float16 (also bf16, fp16, half); default: on the CPU bfloat16 where it has "
               f"{' or '.join(BF16_FLAGS)}, else float32 ({BF16_ENV}={BF16_EMULATE} runs an explicit bfloat16 "
-              "emulated), float32 on CUDA")
+              "emulated); on CUDA bfloat16 (float16 before SM 8.0)")
 
 
-def cpu_flags(path: Path = CPUINFO) -> set[str]:
+def native_flags(path: Path = CPUINFO) -> set[str]:
     """The first CPU's feature flags (empty where there is no /proc/cpuinfo or it lists
     no x86 flags: then no native bf16 is assumed)."""
     try:
@@ -41,6 +60,60 @@ def cpu_flags(path: Path = CPUINFO) -> set[str]:
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
     return set()
+
+
+def native_isa(flags: Iterable[str]) -> str:
+    """The highest of ISA_LEVELS whose flags (and those of every level below) are in `flags`."""
+    have, level = set(flags), "base"
+    for name, needs in ISA_LEVELS.items():
+        if not have.issuperset(needs):
+            break
+        level = name
+    return level
+
+
+def isa_level(flags: Iterable[str], environ: Mapping[str, str] = os.environ) -> str:
+    """The ISA level this process runs at: SARATHI_RT_CPU_ISA if set (checked against
+    `flags`), else the CPU's own."""
+    have = set(flags)
+    native = native_isa(have)
+    value = environ.get(ISA_ENV, "").strip().lower()
+    if not value:
+        return native
+    levels = list(ISA_LEVELS)
+    shown = " ".join(sorted(f for needs in ISA_LEVELS.values() for f in needs if f in have)) or "none"
+    if value not in ISA_LEVELS:
+        raise ValueError(f"{ISA_ENV} must be one of {', '.join(levels)} (or unset), got {environ[ISA_ENV]!r}; "
+                         f"this CPU is {native} (flags: {shown})")
+    if levels.index(value) > levels.index(native):
+        lacking = [f for name in levels[levels.index(native) + 1:levels.index(value) + 1]
+                   for f in ISA_LEVELS[name] if f not in have]
+        raise ValueError(f"{ISA_ENV}={value} needs {' '.join(lacking)}, which this CPU lacks; it can only "
+                         f"lower the level, and this CPU is {native} (flags: {shown})")
+    return value
+
+
+def level_flags(flags: Iterable[str], level: str) -> set[str]:
+    """`flags` less those of every ISA level above `level`: what a CPU of that level shows."""
+    above = list(ISA_LEVELS)[list(ISA_LEVELS).index(level) + 1:]
+    return set(flags).difference(f for name in above for f in ISA_LEVELS[name])
+
+
+def cpu_flags(path: Path = CPUINFO, environ: Mapping[str, str] = os.environ) -> set[str]:
+    """The flags of the CPU this process behaves as: the first CPU's, less those above
+    SARATHI_RT_CPU_ISA when it is set (a bad value raises, naming it)."""
+    flags = native_flags(path)
+    if not environ.get(ISA_ENV, "").strip():
+        return flags
+    return level_flags(flags, isa_level(flags, environ))
+
+
+def kernel_isa(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The level the native kernels must be capped at (`_C.set_cpu_isa`), or None to run
+    the CPU's own; called once when the core loads."""
+    if not environ.get(ISA_ENV, "").strip():
+        return None
+    return KERNEL_LEVEL[isa_level(native_flags(), environ)]
 
 
 def missing_bf16(flags: Iterable[str]) -> tuple[str, ...]:

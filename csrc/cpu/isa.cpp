@@ -1,0 +1,31 @@
+// The ISA level the CPU kernels run (cpu_simd.h): the CPU's, capped from Python.
+#include <algorithm>
+#include <atomic>
+
+#include "cpu_simd.h"
+
+namespace sarathi_rt::cpu {
+namespace {
+
+std::atomic<int> g_cap{static_cast<int>(IsaLevel::kV4)};
+
+}  // namespace
+
+IsaLevel native_isa_level() {
+#if SRT_ISA_LEVELS
+  static const IsaLevel level = __builtin_cpu_supports("x86-64-v4")   ? IsaLevel::kV4
+                                : __builtin_cpu_supports("x86-64-v3") ? IsaLevel::kV3
+                                                                      : IsaLevel::kBase;
+  return level;
+#else
+  return IsaLevel::kBase;
+#endif
+}
+
+IsaLevel isa_level() {
+  return static_cast<IsaLevel>(std::min(static_cast<int>(native_isa_level()), g_cap.load(std::memory_order_relaxed)));
+}
+
+void set_isa_cap(IsaLevel cap) { g_cap.store(static_cast<int>(cap), std::memory_order_relaxed); }
+
+}  // namespace sarathi_rt::cpu

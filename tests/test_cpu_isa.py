@@ -1,0 +1,134 @@
+"""The CPU kernels at every ISA level this CPU runs (base, avx2, avx512), each against the
+float64 reference, and SARATHI_RT_CPU_ISA, the switch that makes a CPU behave as a lower
+level (the dtype rule's flags and the kernels' code): values, errors, and a subprocess
+that runs under it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from sarathi_rt import _C, ops
+from sarathi_rt.ops import reference
+from sarathi_rt.utils.cpu import ISA_ENV, ISA_LEVELS, cpu_flags, isa_level, level_flags, missing_bf16, native_isa
+
+from attention_batches import make_batch
+from conftest import ATOL
+
+KERNEL_LEVELS = ["base", "avx2", "avx512"]
+RUNNABLE = KERNEL_LEVELS[:KERNEL_LEVELS.index(_C.cpu_isa_native()) + 1]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+AVX512_BF16_HOST = {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd",
+                    "avx512_bf16"}
+AVX2_HOST = {"avx2", "fma", "f16c", "bmi2", "sse4_2"}
+
+
+@pytest.fixture(params=RUNNABLE)
+def level(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The kernels run at this level for the test, then at the level they ran before."""
+    before = _C.cpu_isa()
+    _C.set_cpu_isa(request.param)
+    assert _C.cpu_isa() == request.param
+    yield request.param
+    _C.set_cpu_isa(before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group,head_dim,block_size", [(1, 16, 1), (4, 40, 16), (8, 64, 16), (3, 128, 32)])
+def test_attention_matches_float64_at_every_level(level: str, dtype: torch.dtype, group: int, head_dim: int,
+                                                  block_size: int) -> None:
+    batch = make_batch([(1, 17), (37, 37), (17, 577), (1, 577), (1, 1), (64, 300), (1, 2001)], num_kv_heads=2,
+                       group=group, head_dim=head_dim, block_size=block_size, dtype=dtype, seed=len(level))
+    out, ref = batch.run(), batch.reference()
+    torch_err = (batch.plain_torch().double() - ref).abs().max().item()
+    slack = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
+    assert out.dtype == dtype and out.shape == batch.q.shape
+    assert (out.double() - ref).abs().max().item() <= 2 * torch_err + slack
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,intermediate", [(1, 1), (3, 15), (2, 16), (5, 17), (64, 100), (7, 1000)])
+def test_silu_and_mul_matches_float64_at_every_level(level: str, dtype: torch.dtype, tokens: int,
+                                                     intermediate: int) -> None:
+    g = torch.Generator().manual_seed(tokens * intermediate)
+    x = (torch.randn(tokens, 2 * intermediate, generator=g) * 4).to(dtype)
+    x[0, 0] = -100.0  # sigmoid underflows; silu is -0, not NaN
+    out = ops.silu_and_mul(x)
+    ref = reference.silu_and_mul(x.double())
+    assert out.dtype == dtype and out.shape == (tokens, intermediate)
+    # One rounding to the storage dtype, relative to the values' size.
+    assert torch.allclose(out.double(), ref, rtol=ATOL[dtype] * 2, atol=ATOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 7, 37), (5, 9, 16), (16, 33, 100), (3, 4, 512), (9, 129, 48)])
+def test_streamed_gemm_matches_float64_at_every_level(level: str, dtype: torch.dtype, m: int, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(m * n + k)
+    x = (torch.randn(m, k, generator=g) / k ** 0.5).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    out = torch.empty(m, n, dtype=dtype)
+    torch.ops.sarathi_rt.linear_out(x, w, b, out, 0, 1, torch.empty(0, dtype=torch.uint8))
+    ref = x.double() @ w.double().T + b.double()
+    torch_err = (torch.nn.functional.linear(x.float(), w.float(), b.float()).to(dtype).double() - ref).abs().max()
+    assert (out.double() - ref).abs().max().item() <= 2 * torch_err.item() + ATOL[dtype]
+
+
+def test_levels_are_ordered_and_read_from_the_flags() -> None:
+    assert list(ISA_LEVELS)[:3] == KERNEL_LEVELS
+    assert native_isa(set()) == "base" and native_isa(AVX2_HOST) == "avx2"
+    assert native_isa(AVX512_BF16_HOST) == "avx512_bf16"
+    assert native_isa(AVX512_BF16_HOST | {"amx_bf16", "amx_tile"}) == "amx"
+    assert native_isa({"avx2", "avx512f", "avx512_bf16"}) == "base"  # a level needs every flag below it
+    assert _C.cpu_isa_native() in KERNEL_LEVELS
+
+
+def test_the_switch_lowers_the_flags_the_dtype_rule_reads() -> None:
+    assert isa_level(AVX512_BF16_HOST, {}) == "avx512_bf16"
+    assert isa_level(AVX512_BF16_HOST, {ISA_ENV: " AVX2 "}) == "avx2"
+    assert missing_bf16(level_flags(AVX512_BF16_HOST, "avx512")) != ()
+    assert missing_bf16(level_flags(AVX512_BF16_HOST, "avx512_bf16")) == ()
+    assert level_flags(AVX512_BF16_HOST, "avx2") == AVX2_HOST - {"sse4_2"}
+
+
+@pytest.mark.parametrize("value,match", [
+    ("avx3", r"SARATHI_RT_CPU_ISA must be one of base, avx2, avx512, avx512_bf16, amx .*got 'avx3'.*this CPU is "
+             r"avx2 \(flags: avx2 bmi2 f16c fma\)"),
+    ("avx512", r"SARATHI_RT_CPU_ISA=avx512 needs avx512f avx512bw avx512dq avx512vl avx512cd, which this CPU lacks"
+               r".*this CPU is avx2"),
+    ("amx", r"SARATHI_RT_CPU_ISA=amx needs .*avx512_bf16 amx_bf16 amx_tile, which this CPU lacks"),
+])
+def test_an_unknown_or_missing_level_names_the_variable_and_the_flags(value: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        isa_level(AVX2_HOST, {ISA_ENV: value})
+
+
+def test_set_cpu_isa_refuses_what_it_cannot_run() -> None:
+    with pytest.raises(ValueError, match="level must be base, avx2 or avx512, got 'avx512_bf16'"):
+        _C.set_cpu_isa("avx512_bf16")
+    if _C.cpu_isa_native() != "avx512":
+        with pytest.raises(ValueError, match="this CPU runs at most"):
+            _C.set_cpu_isa("avx512")
+
+
+def _run_under(value: str, code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, ISA_ENV: value}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_process_under_the_switch_runs_as_an_avx2_host() -> None:
+    code = ("from sarathi_rt import _C\nfrom sarathi_rt.engine import EngineConfig\n"
+            "print(_C.cpu_isa(), EngineConfig(model='tiny').dtype)")
+    done = _run_under("avx2", code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["avx2", "torch.float32"]
+
+
+def test_a_bad_value_fails_the_core_import_naming_the_variable() -> None:
+    done = _run_under("sse9", "from sarathi_rt import _C")
+    assert done.returncode != 0 and "SARATHI_RT_CPU_ISA must be one of" in done.stderr
+    assert "this CPU is " + native_isa(cpu_flags(environ={})) in done.stderr
