@@ -2,6 +2,8 @@
 flags pinned (see `cpu_without_bf16`)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -22,15 +24,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 ATOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-@pytest.fixture(autouse=True)
-def cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test runs as on a CPU without native BF16 (CI's), so an engine given no dtype
-    computes in float32 on any machine, as the float32 references expect; the tests of
-    the dtype rule fake the flags they need. SARATHI_RT_CPU_BF16 from the shell is dropped."""
-    import sarathi_rt.engine.config
+@pytest.fixture(autouse=True, scope="session")
+def cpu_without_bf16() -> Iterator[None]:
+    """Every test runs as on a CPU without native BF16 (the AVX2 host kind's dtype rule),
+    so an engine given no dtype computes in float32 on any machine, as the float32
+    references expect. Through SARATHI_RT_CPU_ISA, capped below the bf16 levels (avx512 on
+    an AVX-512 host: the kernels keep their width), so engines built by module fixtures
+    and by subprocesses see it too. A lower level from the shell is kept:
+    `SARATHI_RT_CPU_ISA=avx2 bash scripts/test.sh` runs the kernels as an AVX2 host does.
+    The tests of the dtype rule, and tests/test_host_kinds.py, fake the flags they need.
+    SARATHI_RT_CPU_BF16 from the shell is dropped."""
+    from sarathi_rt.utils.cpu import BF16_ENV, ISA_ENV, ISA_LEVELS, cpu_flags, native_isa
 
-    monkeypatch.setattr(sarathi_rt.engine.config, "cpu_flags", lambda: set())
-    monkeypatch.delenv("SARATHI_RT_CPU_BF16", raising=False)
+    levels = list(ISA_LEVELS)
+    level = levels[min(levels.index(native_isa(cpu_flags())), levels.index("avx512"))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ISA_ENV, level)
+        patch.delenv(BF16_ENV, raising=False)
+        yield
 
 
 @pytest.fixture
