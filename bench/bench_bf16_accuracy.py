@@ -21,6 +21,10 @@ GGUF, from the cache). Three figures:
    float32 is the yardstick: what bf16 itself costs, in a reference implementation.
 3. Speed: the bf16 and float32 engines' generate on the 16 chats, interleaved, median of
    `--repeats`; on a CPU without native BF16 (avx512_bf16, amx_bf16) bf16 is emulated.
+4. Batch composition: each dtype's greedy answers with every chat alone, and batched in
+   reverse order with 64-token chunks, against the 16 batched as they come: how many
+   answers change with the batch around them (a GEMM's row sums round differently with
+   the number of rows; float32 rounds too finely for it to show in the argmax).
 
 On a CPU without native BF16 the engine computes in float32 unless forced: this script
 sets SARATHI_RT_CPU_BF16=emulate, so "bf16" is bf16 on any CPU. `--smoke` runs the same
@@ -59,6 +63,16 @@ def engine_generate(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tupl
     start = time.perf_counter()
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
     return [o.token_ids for o in outs], time.perf_counter() - start
+
+
+def composition_changes(llm: LLM, chunked: LLM, prompts: list[list[int]], max_tokens: int,
+                        batched: list[list[int]]) -> dict[str, int]:
+    """How many of `batched` (the prompts' greedy answers, all in one batch on `llm`)
+    change with each prompt alone, and with the batch reversed on `chunked` (64-token chunks)."""
+    alone = [engine_generate(llm, [p], max_tokens)[0][0] for p in prompts]
+    reversed_ = engine_generate(chunked, prompts[::-1], max_tokens)[0][::-1]
+    return {"alone": sum(a != b for a, b in zip(alone, batched)),
+            "reversed, 64-token chunks": sum(a != b for a, b in zip(reversed_, batched))}
 
 
 def engine_scores(llm: LLM, prompts: list[list[int]], answers: list[list[int]]) -> list[list[float]]:
@@ -131,6 +145,8 @@ def main() -> None:
         model, hf32, prompts, eos = smoke_model(Path(tmp)) if args.smoke else real_model()
         options = dict(num_kv_blocks=256, max_num_seqs=len(prompts), token_budget=512)
         engines = {dt: LLM(model, dtype=dt, **options) for dt in ("bfloat16", "float32")}
+        chunked = {dt: LLM(model, dtype=dt, **{**options, "chunk_size": 64, "token_budget": 64 + len(prompts)})
+                   for dt in engines}
     hf16 = copy.deepcopy(hf32).to(torch.bfloat16)
     ours16 = engines["bfloat16"].engine.executor.worker.model
     assert ours16.dtype is torch.bfloat16 and torch.equal(ours16.embed_tokens, hf16.get_input_embeddings().weight), \
@@ -176,10 +192,16 @@ def main() -> None:
     print(f"  bf16 engine vs transformers bf16: {cross_mean:.4f}; float32 engine vs transformers float32: "
           f"{check_mean:.2e}")
 
+    batched = {"bfloat16": ours, "float32": ours32}
+    for dt, llm in engines.items():
+        changed = composition_changes(llm, chunked[dt], prompts, args.max_tokens, batched[dt])
+        print(f"{dt} greedy answers changed by the batch composition (of {len(prompts)}, against all batched): "
+              + ", ".join(f"{name} {n}" for name, n in changed.items()))
+
     med = {dt: statistics.median(s) for dt, s in seconds.items()}
     print(f"generate, {len(prompts)} prompts batched: bf16 {med['bfloat16']:.2f} s, float32 {med['float32']:.2f} s (median of "
           f"{args.repeats}); bf16 / float32 time: {med['bfloat16'] / med['float32']:.2f}x")
-    for llm in engines.values():
+    for llm in (*engines.values(), *chunked.values()):
         llm.shutdown()
 
 

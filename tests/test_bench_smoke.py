@@ -30,7 +30,9 @@ EXPECT = {
     "bench_attention.py": r"mixed speedup .*x",
     "bench_attention_cost.py": r"chunk_wide / chunk_narrow",
     "bench_attention_gpu.py": r"load efficiency",
-    "bench_bf16_accuracy.py": r"bf16 engine vs transformers bf16: \d+/\d+ identical(.|\n)*bf16 / float32 time",
+    "bench_bf16_accuracy.py": r"bf16 engine vs transformers bf16: \d+/\d+ identical(.|\n)*float32 greedy answers "
+                              r"changed by the batch composition \(of 2, against all batched\): alone 0, reversed, "
+                              r"64-token chunks 0(.|\n)*bf16 / float32 time",
     "bench_e2e_cpu.py": r"ratio: .*x",
     "bench_gemm_gpu.py": r"skipped, no CUDA device|M >= 256: median ratio",
     "bench_gguf_load.py": r"skipped, .* not in the cache",
