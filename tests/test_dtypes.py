@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sarathi_rt import ops
-from sarathi_rt.utils.dtypes import parse_dtype
+from sarathi_rt.utils.dtypes import cuda_dtype, parse_dtype
 from sarathi_rt.engine.config import EngineConfig
 from sarathi_rt.engine.kv_cache import KVCacheShape
 
@@ -43,3 +43,29 @@ def test_public_entry_points_take_names(emulated_bf16: None) -> None:
     plan = ops.AttentionPlan(max_batch=2, max_tokens=8, num_q_heads=2, num_kv_heads=1, head_dim=64, device="cpu",
                              dtype="bfloat16", num_ctas=4)
     assert plan.dtype is torch.bfloat16
+
+
+@pytest.mark.parametrize("capability,expected", [((9, 0), "bfloat16"), ((8, 0), "bfloat16"), ((12, 0), "bfloat16"),
+                                                 ((7, 5), "float16"), ((7, 0), "float16")])
+def test_cuda_default_dtype_is_one_the_kernels_take(capability: tuple[int, int], expected: str) -> None:
+    assert cuda_dtype(None, capability) == expected
+    assert cuda_dtype("float16", capability) == "float16"
+
+
+@pytest.mark.parametrize("requested", ["float32", "float64"])
+def test_cuda_refuses_a_dtype_the_kernels_do_not_take(requested: str) -> None:
+    with pytest.raises(ValueError, match=f"dtype must be float16 or bfloat16 on CUDA .*got '{requested}'"):
+        cuda_dtype(requested, (9, 0))
+
+
+@pytest.mark.parametrize("capability,expected", [((9, 0), torch.bfloat16), ((7, 5), torch.float16)])
+def test_engine_config_resolves_cuda_defaults_without_a_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                            capability: tuple[int, int], expected: torch.dtype) -> None:
+    """LLM(model, device="cuda") with no dtype: what the engine would run on such a GPU
+    (it used to default to float32, which the CUDA attention kernel refuses at warm-up)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert EngineConfig(model="tiny", device="cuda").dtype is expected
+    with pytest.raises(ValueError, match="dtype must be float16 or bfloat16 on CUDA"):
+        EngineConfig(model="tiny", device="cuda", dtype="float32")

@@ -11,7 +11,7 @@ import torch
 from sarathi_rt.models import ModelConfig, parse_dtype
 from sarathi_rt.scheduler.qos import QoSClass, check_qos_settings
 from sarathi_rt.utils.cpu import bf16_forced, cpu_dtype, cpu_flags
-from sarathi_rt.utils.dtypes import DTypeLike, dtype_name
+from sarathi_rt.utils.dtypes import DTypeLike, cuda_dtype, dtype_name
 
 log = logging.getLogger("sarathi_rt")
 
@@ -29,7 +29,8 @@ class EngineConfig:
     """model: a Hugging Face directory or a preset name (tiny, cpu-small, llama3-8b).
     dtype None: on the CPU bfloat16 where it has native BF16 (AVX512-BF16 or AMX), else
     float32; an explicit bfloat16 on a CPU without it runs float32 with a warning unless
-    SARATHI_RT_CPU_BF16=emulate (the rule: sarathi_rt.utils.cpu); float32 on CUDA.
+    SARATHI_RT_CPU_BF16=emulate (the rule: sarathi_rt.utils.cpu); on CUDA bfloat16 from
+    SM 8.0, float16 before (utils.dtypes.cuda_dtype: the kernels take no float32).
     chunk_size None means the token budget. max_num_seqs None means
     min(DEFAULT_MAX_NUM_SEQS, token_budget) (a step carries every running decode).
     num_kv_blocks None sizes the cache for what max_num_seqs full-length requests can
@@ -133,11 +134,11 @@ class EngineConfig:
 
 
 def _compute_dtype(dtype: DTypeLike | None, device: torch.device) -> torch.dtype:
-    """The dtype the engine computes in: `dtype` checked, and on the CPU chosen by the
-    BF16 rule (warning once here, once per engine, when bf16 falls back to float32)."""
+    """The dtype the engine computes in: `dtype` checked, on CUDA one its kernels take, and
+    on the CPU chosen by the BF16 rule (warning once here, once per engine, when bf16 falls back to float32)."""
     requested = None if dtype is None else dtype_name(parse_dtype(dtype))
-    if device.type != "cpu":
-        return parse_dtype(requested or "float32")
+    if device.type == "cuda":
+        return parse_dtype(cuda_dtype(requested, torch.cuda.get_device_capability(device)))
     name, warning = cpu_dtype(requested, cpu_flags(), bf16_forced())
     if warning is not None:
         log.warning(warning)

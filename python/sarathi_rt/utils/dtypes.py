@@ -41,3 +41,16 @@ def parse_dtype(dtype: DTypeLike, name: str = "dtype",
     if resolved not in allowed:
         raise TypeError(f"{name} must be {choices}, got {dtype_name(resolved)}")
     return resolved
+
+
+def cuda_dtype(requested: str | None, capability: tuple[int, int]) -> str:
+    """The dtype name a CUDA engine computes in, for a requested name (None: not given) on
+    a GPU of compute `capability`: the CUDA attention kernel takes float16 and bfloat16
+    only, so no dtype given means bfloat16 from SM 8.0 (Ampere, the first with bf16
+    tensor cores) and float16 before; float32 is refused, naming the argument."""
+    if requested is None:
+        return "bfloat16" if capability >= (8, 0) else "float16"
+    if requested not in ("float16", "bfloat16"):
+        raise ValueError(f"dtype must be float16 or bfloat16 on CUDA (the attention kernel takes no other), "
+                         f"got {requested!r}")
+    return requested
