@@ -12,8 +12,9 @@ from ..request import Request, RequestStatus
 from ..registry import register_policy
 from sarathi_rt.step_time import StepShape, adaptive_prefill_tokens, fastest_chunk_alone
 
-# Prefill tokens a step may take, when it runs nothing else, if even that breaks the
-# SLO and no tile size is set: the prompt must move.
+# Prefill tokens a step takes, when no tile size is set, if the step limit leaves prefill
+# nothing although its decodes alone already break it (or it has none): the prompts
+# must move (see _size_budget; with a tile size, prefill fills the step's last tile).
 MIN_PREFILL_PROGRESS = 128
 
 # The most steps ahead the adaptive budget reserves the decodes' blocks for. The steps
@@ -212,8 +213,11 @@ class SarathiScheduler(Scheduler):
         context = head.num_computed if head is not None else 0
         quantum = cfg.tile_size or 1
         model, limit = self.step_time_model, self._step_seconds(b.reqs)
+        # The decodes' own step: no step this one builds is shorter.
+        decode_s = model.predict_shape(StepShape.hybrid(0, context, num_decodes,  # type: ignore[union-attr]
+                                                        decode_kv)) if plan.entries else 0.0
         pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
-        urgent = self._urgent_tokens(pending, limit) if cfg.deadline_aware else 0
+        urgent = self._urgent_tokens(pending, max(limit, decode_s)) if cfg.deadline_aware else 0
         if self._cache_binds():
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, max(urgent, self._arrival_pace(pending)))
@@ -226,8 +230,19 @@ class SarathiScheduler(Scheduler):
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, backlog=backlog,
                                         decode_steps=self._decode_steps(decodes))
-        if n == 0 and not plan.entries:
-            n = min(cfg.tile_size or MIN_PREFILL_PROGRESS, cfg.token_budget)
+        if n == 0 and not (plan.entries and decode_s <= limit):
+            # The rule that keeps admission alive on slow hardware: decodes that already
+            # miss the limit never hold prefill back. Leaving prefill out cannot bring
+            # their step within it, and would keep every waiting request out until the
+            # running ones finish (a 1B model on a CPU under the server's default tiers).
+            # So prefill fills the step up to the next tile boundary (one tile when nothing
+            # else runs), or takes MIN_PREFILL_PROGRESS tokens without a tile size, or
+            # what a waiting first token needs to make its deadline if that is more.
+            # (Decodes that fit keep the step to themselves: prefill waits for the next
+            # of them to finish, as the SLO asks.)
+            tile = cfg.tile_size
+            n = -(-(num_decodes + 1) // tile) * tile - num_decodes if tile else MIN_PREFILL_PROGRESS
+            n = max(0, min(max(n, urgent), cfg.token_budget - num_decodes))
         b.budget = num_decodes + n
 
     def _step_seconds(self, reqs: list[Request]) -> float:
@@ -318,16 +333,21 @@ class SarathiScheduler(Scheduler):
         b.reqs[:] = [r for _, r in kept]
 
     def _urgent_tokens(self, pending: list[Request], limit: float) -> int:
-        """Prefill tokens per step the best-ranked request still waiting for its first
-        token needs to get it by its deadline, in steps of `limit` seconds (all of its
-        prompt when that is inf); 0 without one. Pacing or a rate-optimal chunk that is
-        smaller would let its deadline pass while the decodes' deadlines allowed more."""
-        head = next((r for r in pending if not r.relegated and r.num_generated == 0), None)
-        if head is None:
-            return 0
-        left = head.prefill_target - head.num_computed
-        steps = (head.next_deadline() - self._now) / limit
-        return left if not steps >= 1 else -(-left // int(steps))
+        """Prefill tokens per step that every request still waiting for its first token
+        (not relegated) needs to get it by its deadline, the prefill ranked ahead of it
+        (`pending` order) done first, in steps of `limit` seconds: the most any of them
+        needs (all the prefill up to it when its deadline is within one step); 0 without
+        one. Pacing or a rate-optimal chunk that is smaller would let a deadline pass
+        while the decodes' deadlines allowed more. Each request counts, not only the
+        first: one that needs a single token can hide the whole prompt behind it."""
+        need = ahead = 0
+        for r in pending:
+            ahead += r.prefill_target - r.num_computed
+            if r.relegated or r.num_generated > 0:
+                continue
+            steps = (r.next_deadline() - self._now) / limit
+            need = max(need, ahead if not steps >= 1 else -(-ahead // int(steps)))
+        return need
 
     def _cache_binds(self) -> bool:
         """True when the free blocks cannot hold every live request to its
