@@ -242,7 +242,9 @@ class SarathiScheduler(Scheduler):
             # of them to finish, as the SLO asks.)
             tile = cfg.tile_size
             n = -(-(num_decodes + 1) // tile) * tile - num_decodes if tile else MIN_PREFILL_PROGRESS
-            n = max(0, min(max(n, urgent), cfg.token_budget - num_decodes))
+            if urgent:
+                n = max(n, self._urgent_over_limit(pending, context, num_decodes, decode_kv))
+            n = max(0, min(n, cfg.token_budget - num_decodes))
         b.budget = num_decodes + n
 
     def _step_seconds(self, reqs: list[Request]) -> float:
@@ -347,6 +349,38 @@ class SarathiScheduler(Scheduler):
                 continue
             steps = (r.next_deadline() - self._now) / limit
             need = max(need, ahead if not steps >= 1 else -(-ahead // int(steps)))
+        return need
+
+    def _urgent_over_limit(self, pending: list[Request], context: int, num_decodes: int, decode_kv: int) -> int:
+        """_urgent_tokens for a step whose decodes alone already break its limit: steps
+        then last as long as their tokens make them, not `limit`, so each request waiting
+        for its first token (in `pending` order, the prefill ahead of it first) needs the
+        fewest tokens per step n = ceil(tokens / k) over the most steps k whose time,
+        k x T(decodes + n), still ends by its deadline (all its tokens at once when even
+        one step cannot); the most any of them needs."""
+        model = self.step_time_model
+
+        def seconds(n: int) -> float:
+            return model.predict_shape(StepShape.hybrid(n, context, num_decodes, decode_kv))  # type: ignore[union-attr]
+
+        need = ahead = 0
+        floor = seconds(0)
+        for r in pending:
+            ahead += r.prefill_target - r.num_computed
+            if r.relegated or r.num_generated > 0:
+                continue
+            left = r.next_deadline() - self._now
+            if not seconds(ahead) <= left:
+                need = max(need, ahead)
+                continue
+            lo, hi = 1, max(1, min(ahead, int(left / floor) if floor > 0 else ahead))
+            while lo < hi:  # the most steps that still fit (k x T(ceil(ahead / k)) grows with k)
+                k = (lo + hi + 1) // 2
+                if k * seconds(-(-ahead // k)) <= left:
+                    lo = k
+                else:
+                    hi = k - 1
+            need = max(need, -(-ahead // lo))
         return need
 
     def _cache_binds(self) -> bool:
