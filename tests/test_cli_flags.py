@@ -147,3 +147,25 @@ def test_serve_slo_static_budget_is_measured_on_the_engine(monkeypatch, capsys) 
     assert config.tbt_slo is None and config.token_budget == 128  # 10 s: the largest of 16..128 fits
     assert server.stats.tbt_target == 10
     assert "token budget from the 10000 ms SLO: 128" in capsys.readouterr().out
+
+
+def test_serve_exits_non_zero_after_the_engine_failed(monkeypatch, capsys) -> None:
+    """The server shuts down by itself once the engine has failed (DrainingServer); the
+    command then says why and exits 1, so a supervisor restarts it."""
+    pytest.importorskip("fastapi")
+    import sarathi_rt.server
+
+    class FailedHttp:
+        def __init__(self, server: object, *args: object) -> None:
+            self.server = server
+
+        def run(self) -> None:
+            self.server.llm.engine._fail(RuntimeError("worker rank 1 died"))  # type: ignore[attr-defined]
+
+        @property
+        def engine_failed(self) -> bool:
+            return self.server.llm.engine.failure is not None  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(sarathi_rt.server, "DrainingServer", FailedHttp)
+    assert main(["serve", "--model", "tiny", "--num-kv-blocks", "64", "--block-size", "8"]) == 1
+    assert "error: the engine failed: worker rank 1 died" in capsys.readouterr().err

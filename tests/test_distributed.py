@@ -135,7 +135,28 @@ def test_killed_worker_fails_fast_and_cleans_up(checkpoint, prompts) -> None:
     assert _gone(pids)
     with pytest.raises(RuntimeError, match="engine stopped after its executor failed: worker rank 1"):
         llm.engine.step()
+    # Every request ended with the failure and gave its KV blocks back; nothing new is taken.
+    assert not llm.engine.has_unfinished() and llm.engine.num_unfinished == 0
+    assert llm.engine.scheduler.num_free_blocks == ENGINE["num_kv_blocks"]
+    with pytest.raises(RuntimeError, match="engine stopped after its executor failed"):
+        llm.engine.add_request("late", prompts[0], PARAMS)
     llm.shutdown()  # idempotent after a failure
+
+
+@pytest.mark.slow
+def test_killed_stage_with_two_micro_batches_in_flight_frees_every_block(checkpoint, prompts) -> None:
+    with LLM(checkpoint, pipeline_parallel_size=2, **ENGINE) as llm:
+        engine = llm.engine
+        for i, p in enumerate(prompts):
+            engine.add_request(i, p, PARAMS)
+        engine.step()
+        assert engine.scheduler.num_plans_in_flight >= 1
+        os.kill(engine.executor.pids[1], signal.SIGKILL)
+        with pytest.raises(WorkerError, match="rank 1"):
+            while engine.has_unfinished():
+                engine.step()
+        assert engine.scheduler.num_plans_in_flight == 0 and engine.num_unfinished == 0
+        assert engine.scheduler.num_free_blocks == ENGINE["num_kv_blocks"]
 
 
 @pytest.mark.slow

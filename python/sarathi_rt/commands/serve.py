@@ -177,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
             http.run()
     except _Stopped:
         pass
+    if http.engine_failed:
+        print(f"error: the engine failed: {llm.engine.failure}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -105,6 +105,7 @@ class LLMEngine:
             hash(request_id)
         except TypeError:
             raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}") from None
+        self._check_alive()
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = SamplingParams() if params is None else params
@@ -222,9 +223,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One step: schedule, run the model, sample; returns an output for every request
         that got a token, finished, or was aborted since the last step."""
-        if self._failure is not None:
-            raise RuntimeError(f"the engine stopped after its executor failed: {self._failure}") \
-                from self._failure
+        self._check_alive()
         outputs, self._aborted = self._aborted, []
         try:
             with nvtx_range("step"):
@@ -234,9 +233,30 @@ class LLMEngine:
                     plan, seqs, rows, start = self._in_flight.popleft()
                     outputs += self._process(plan, seqs, rows, self.executor.collect(), start)
         except Exception as exc:  # the plans in flight are lost: the engine cannot go on
-            self._failure = exc
+            self._fail(exc)
             raise
         return outputs
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the engine (a step's exception: a worker died, the model raised),
+        None while it runs. After it every request has ended and every KV block is free."""
+        return self._failure
+
+    def _fail(self, exc: BaseException) -> None:
+        """End every request and free its blocks: the plans in flight will never come back,
+        and the caller reports `exc` to the requests instead of an abort."""
+        self._failure = exc
+        for request_id in list(self._requests):
+            self.abort(request_id)
+        self._aborted.clear()
+        self._in_flight.clear()
+        self.scheduler.drop_plans_in_flight()
+
+    def _check_alive(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(f"the engine stopped after its executor failed: {self._failure}") \
+                from self._failure
 
     def _submit_next(self) -> bool:
         """Schedule a plan and start it on the executor; False if nothing could run."""

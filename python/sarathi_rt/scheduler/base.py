@@ -293,6 +293,16 @@ class Scheduler(ABC):
         self._retire(req, RequestStatus.ABORTED)
         return True
 
+    def drop_plans_in_flight(self) -> None:
+        """Forget every plan in flight, which will never be updated (the executor that ran
+        them failed); their aborted requests' blocks come back. Abort the requests first."""
+        for reqs in self._pending.values():
+            for req in reqs:
+                req.in_flight = False
+                if req.status is not RUNNING:
+                    self._blocks.release(req.blocks)
+        self._pending.clear()
+
     def has_unfinished(self) -> bool:
         return bool(self._live)
 

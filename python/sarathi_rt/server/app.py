@@ -14,7 +14,13 @@ prompt never stalls the event loop that serves every other client.
 
 `drain` ends the server's work at shutdown: new requests get 503, running ones get a
 grace period to finish, then each remaining stream ends with an error event and [DONE]
-and its request is aborted."""
+and its request is aborted.
+
+When the engine fails (a worker dies, the model raises inside a step) it ends every
+request and frees every KV block: each stream gets an error event naming the cause, each
+whole response a 500 naming it; /health turns 503 with the cause and new requests get
+503; DrainingServer then shuts the process down with a non-zero exit, so a supervisor
+restarts it."""
 from __future__ import annotations
 
 import asyncio
@@ -90,7 +96,9 @@ class OpenAIServer:
 
         @app.exception_handler(ApiError)
         async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-            if exc.status in (400, 404, 503):  # 499: the client left, counted as "abort"
+            if exc.status == 500:
+                self.stats.requests["error"] += 1
+            elif exc.status in (400, 404, 503):  # 499: the client left, counted as "abort"
                 self.stats.requests["overloaded" if exc.status == 503 else "bad_request"] += 1
             return JSONResponse(error_body(str(exc), exc.kind, exc.param), status_code=exc.status)
 
@@ -112,8 +120,11 @@ class OpenAIServer:
             return JSONResponse(error_body(f"internal error ({type(exc).__name__})", "server_error"),
                                 status_code=500)
 
-        @app.get("/health")
-        async def health() -> dict[str, str]:
+        @app.get("/health", response_model=None)
+        async def health() -> dict[str, str] | JSONResponse:
+            failure = self.llm.engine.failure
+            if failure is not None:  # a supervisor restarts the process (it exits non-zero after draining)
+                return JSONResponse({"status": "error", "error": f"the engine failed: {failure}"}, status_code=503)
             return {"status": "ok"}
 
         @app.get("/v1/models")
@@ -166,6 +177,9 @@ class OpenAIServer:
         """Refuse what can be refused before any work; count the request as waiting
         while its prompt is tokenized and it waits for the engine (a burst would all pass
         the overload check at once otherwise)."""
+        failure = self.llm.engine.failure
+        if failure is not None:
+            raise ApiError(503, f"the engine failed: {failure}", kind="server_error")
         if self.draining:
             raise ApiError(503, "the server is shutting down", kind="server_shutting_down")
         if body.model is not None and body.model != self.model_name:
@@ -253,6 +267,8 @@ class OpenAIServer:
                     finals[out.index] = out
         except ShuttingDown:
             raise ApiError(503, "the server is shutting down", kind="server_shutting_down") from None
+        except Exception as exc:  # the engine failed: every request in it ends with the cause
+            raise ApiError(500, f"the engine failed: {exc}", kind="server_error") from None
         finally:
             watcher.cancel()
         if any(out.finish_reason == "abort" for out in finals.values()):

@@ -75,7 +75,8 @@ class BodyLimit:
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, whose shutdown (SIGINT, SIGTERM, should_exit) stops listening
     and closes idle connections at once, then drains `server` for `shutdown_timeout`
-    seconds (see OpenAIServer.drain) before uvicorn's own shutdown."""
+    seconds (see OpenAIServer.drain) before uvicorn's own shutdown. It shuts down by
+    itself once the engine has failed (`engine_failed`; the command then exits non-zero)."""
 
     def __init__(self, server: OpenAIServer, host: str, port: int, shutdown_timeout: float,
                  log_level: str = "info") -> None:
@@ -84,6 +85,15 @@ class DrainingServer(uvicorn.Server):
         self.server, self.shutdown_timeout = server, shutdown_timeout
         super().__init__(uvicorn.Config(server.app, host=host, port=port, log_level=log_level,
                                         timeout_graceful_shutdown=shutdown_timeout + CANCEL_GRACE_SECONDS))
+
+    @property
+    def engine_failed(self) -> bool:
+        return self.server.llm.engine.failure is not None
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.engine_failed:  # nothing more can be served: drain what is left and exit
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for listener in self.servers:
