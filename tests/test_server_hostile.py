@@ -322,8 +322,79 @@ def test_shutdown_drains_then_ends_streams_with_an_error_event() -> None:
     assert 1 < len(long) < 900
     assert not llm.engine.has_unfinished() and llm.engine.scheduler.num_free_blocks == 256
     drained = [r.getMessage() for r in records.records if "drained" in r.getMessage()]
-    assert drained == ["sarathi-rt serve: drained 2 running requests: 1 finished, 1 cut after 1s"]
+    assert drained == ["sarathi-rt serve: drained 2 running requests: 1 finished, 1 cut after 1s; 0 refused after "
+                       "tokenizing"]
     assert not [r for r in records.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+def test_a_request_tokenizing_when_the_drain_starts_gets_the_shutdown_error() -> None:
+    """Accepted before the drain, still tokenizing when it starts: answered 503
+    server_shutting_down (not cut by the HTTP server without a word), counted in the log."""
+    llm = _llm()
+    server = OpenAIServer(llm, "tiny")
+    tok = llm.tokenizer
+    encode, started = tok.encode, threading.Event()
+
+    def slow_encode(*args, **kwargs):
+        started.set()
+        time.sleep(1.0)
+        return encode(*args, **kwargs)
+
+    tok.encode = slow_encode  # type: ignore[method-assign]
+    uv, thread, base = _start(server, shutdown_timeout=5.0)
+    results: dict[str, httpx.Response] = {}
+
+    def request(name: str, stream: bool) -> None:
+        results[name] = httpx.post(base + "/v1/completions", timeout=60,
+                                   json={"prompt": "hello", "max_tokens": 4, "stream": stream})
+
+    clients = [threading.Thread(target=request, args=(name, name == "stream")) for name in ("whole", "stream")]
+    log = logging.getLogger("uvicorn.error")
+    records, level = _Records(), log.level
+    log.addHandler(records)
+    log.setLevel(logging.INFO)
+    try:
+        for c in clients:
+            c.start()
+        assert started.wait(timeout=30)
+        time.sleep(0.1)  # both are tokenizing, each on a worker thread
+        uv.should_exit = True
+        for c in clients:
+            c.join(timeout=30)
+        thread.join(timeout=30)
+    finally:
+        log.removeHandler(records)
+        log.setLevel(level)
+    assert not thread.is_alive()
+    for name in ("whole", "stream"):
+        assert results[name].status_code == 503, results[name].text
+        assert results[name].json()["error"]["type"] == "server_shutting_down"
+    assert not llm.engine.has_unfinished() and llm.engine.scheduler.num_free_blocks == 256
+    drained = [r.getMessage() for r in records.records if "drained" in r.getMessage()]
+    assert drained == ["sarathi-rt serve: drained 0 running requests: 0 finished, 0 cut after 5s; 2 refused after "
+                       "tokenizing"]
+
+
+def test_deadlines_and_ttft_count_from_arrival_at_the_server(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request's arrival is when the server got it, not when the engine queued it after
+    tokenizing: a 0.5 s tokenizer shows in its TTFT."""
+    server, base, expected = served
+    tok = server.llm.tokenizer
+    encode = tok.encode
+
+    def slow_encode(*args, **kwargs):
+        time.sleep(0.5)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(tok, "encode", slow_encode)
+    sent = time.perf_counter()
+    assert httpx.post(base + "/v1/completions", timeout=60,
+                      json={"prompt": "hello", "max_tokens": 2}).status_code == 200
+    metrics = server.stats.recent[-1]
+    assert sent <= metrics.arrival_time < sent + 0.25
+    assert metrics.ttft is not None and metrics.ttft >= 0.5
+    monkeypatch.undo()
+    _still_greedy(base, expected)
 
 
 def _free_port() -> int:

@@ -29,17 +29,18 @@ class AsyncLLMEngine:
         self._aborts: set[asyncio.Task[bool]] = set()  # kept referenced until they run
 
     async def add_request(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None,
-                          queue: asyncio.Queue[RequestOutput | Exception] | None = None, *, qos: str | None = None
-                          ) -> asyncio.Queue[RequestOutput | Exception]:
-        """Queue a request (of QoS class `qos`); its outputs (or the exception that
-        ended the loop) go to `queue` (a new one if None), which is returned. Bad input
-        raises here."""
+                          queue: asyncio.Queue[RequestOutput | Exception] | None = None, *, qos: str | None = None,
+                          arrival_time: float | None = None) -> asyncio.Queue[RequestOutput | Exception]:
+        """Queue a request (of QoS class `qos`, arrived at `arrival_time` on
+        time.perf_counter's clock, default now: its deadlines and TTFT count from it); its
+        outputs (or the exception that ended the loop) go to `queue` (a new one if None),
+        which is returned. Bad input raises here."""
         queue = asyncio.Queue() if queue is None else queue
         if isinstance(params, SamplingParams) and params.json_schema is not None:
             # Compiling a schema takes milliseconds to seconds: on a thread, while steps go on.
             await asyncio.to_thread(self.engine.compile_grammar, params.json_schema)
         async with self._lock:
-            self.engine.add_request(request_id, prompt, params, qos=qos)
+            self.engine.add_request(request_id, prompt, params, arrival_time=arrival_time, qos=qos)
             self._queues[request_id] = queue
             self._running[request_id] = 1 if params is None else params.n
         self._ensure_running()

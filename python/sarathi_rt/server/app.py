@@ -29,7 +29,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -139,7 +139,7 @@ class OpenAIServer:
 
         @app.post("/v1/completions", response_model=None)
         async def completions(body: CompletionRequest, request: Request) -> Any:
-            with self._admitting_one(body):
+            with self._admitting_one(body) as arrival:
                 prompt = body.prompt
                 if isinstance(prompt, str):
                     if self.llm.tokenizer is None:
@@ -148,7 +148,7 @@ class OpenAIServer:
                     text, tokenizer, special = prompt, self.llm.tokenizer, body.parse_special_tokens
                     prompt = await self._tokenize(lambda: tokenizer.encode(text, parse_special=special), len(text),
                                                   "prompt")
-                queue, request_id = await self._add(body, list(prompt), chat=False)  # type: ignore[arg-type]
+                queue, request_id = await self._add(body, list(prompt), False, arrival)  # type: ignore[arg-type]
             return await self._respond(body, request_id, queue, len(prompt), request, chat=False)
 
         @app.post("/v1/chat/completions", response_model=None)
@@ -159,24 +159,27 @@ class OpenAIServer:
             if len(body.messages) > self.limits.max_messages:
                 raise ApiError(400, f"{len(body.messages)} messages; this server takes at most "
                                     f"{self.limits.max_messages}", param="messages")
-            with self._admitting_one(body):
+            with self._admitting_one(body) as arrival:
                 try:
                     conversation = body.conversation()
                 except ValueError as exc:
                     raise ApiError(400, str(exc), param="messages") from None
                 chars = sum(len(m["content"]) for m in conversation)
                 prompt = await self._tokenize(lambda: tokenizer.apply_chat_template(conversation), chars, "messages")
-                queue, request_id = await self._add(body, prompt, chat=True)
+                queue, request_id = await self._add(body, prompt, True, arrival)
             return await self._respond(body, request_id, queue, len(prompt), request, chat=True)
 
         return app
 
     # ------------------------------------------------------------------ requests
     @contextlib.contextmanager
-    def _admitting_one(self, body: SamplingRequest) -> Any:
+    def _admitting_one(self, body: SamplingRequest) -> Iterator[float]:
         """Refuse what can be refused before any work; count the request as waiting
         while its prompt is tokenized and it waits for the engine (a burst would all pass
-        the overload check at once otherwise)."""
+        the overload check at once otherwise), and a drain waits for it. Yields its
+        arrival (time.perf_counter): its QoS deadlines and TTFT count from there, not
+        from when the engine queued it, after tokenizing."""
+        arrival = time.perf_counter()
         failure = self.llm.engine.failure
         if failure is not None:
             raise ApiError(503, f"the engine failed: {failure}", kind="server_error")
@@ -196,7 +199,7 @@ class OpenAIServer:
                            kind="server_overloaded")
         self._admitting += 1
         try:
-            yield
+            yield arrival
         finally:
             self._admitting -= 1
 
@@ -220,14 +223,16 @@ class OpenAIServer:
             raise ApiError(400, f"the prompt has {num_tokens} tokens; this server takes at most "
                                 f"{self.max_prompt_tokens}", param="prompt")
 
-    async def _add(self, body: SamplingRequest, prompt: list[int], chat: bool
+    async def _add(self, body: SamplingRequest, prompt: list[int], chat: bool, arrival: float
                    ) -> tuple[asyncio.Queue[RequestOutput | Exception], str]:
+        if self.draining:  # the drain began while this one was tokenized: it gets the shutdown error
+            raise ApiError(503, "the server is shutting down", kind="server_shutting_down")
         self._check_length(len(prompt))
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         qos = self._qos(body)
         try:
             params = body.sampling_params(max(1, self.llm.engine.max_model_len - len(prompt)))
-            queue = await self.engine.add_request(request_id, prompt, params, qos=qos)
+            queue = await self.engine.add_request(request_id, prompt, params, qos=qos, arrival_time=arrival)
         except (ValueError, TypeError) as exc:
             # The engine names SamplingParams' json_schema, which a client sent as response_format.
             if body.response_format is not None and str(exc).startswith("json_schema"):
@@ -304,16 +309,16 @@ class OpenAIServer:
         self.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        running = len(self._live)
-        while self._live and loop.time() < deadline:
+        running, tokenizing = len(self._live), self._admitting  # those tokenizing meet `draining` in _add
+        while (self._live or self._admitting) and loop.time() < deadline:
             await asyncio.sleep(0.05)
         cut = len(self._live)
         for queue in self._live.values():
             queue.put_nowait(ShuttingDown("the server is shutting down"))
         while self.llm.engine.has_unfinished() and loop.time() < deadline + 5:  # the aborts, a step away
             await asyncio.sleep(0.02)
-        log.info("sarathi-rt serve: drained %d running requests: %d finished, %d cut after %gs",
-                 running, running - cut, cut, timeout)
+        log.info("sarathi-rt serve: drained %d running requests: %d finished, %d cut after %gs; %d refused after "
+                 "tokenizing", running, running - cut, cut, timeout, tokenizing)
 
     async def _outputs(self, request_id: str, queue: asyncio.Queue[RequestOutput | Exception], num_samples: int
                        ) -> AsyncIterator[RequestOutput]:
