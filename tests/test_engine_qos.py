@@ -41,6 +41,16 @@ def test_hopeless_request_is_relegated_and_still_served() -> None:
     assert out.relegated and len(out.token_ids) == 8 and out.finish_reason == "length"
 
 
+def test_every_sample_of_a_relegated_request_reports_it() -> None:
+    # Relegation happens before the first token, so before the scheduler forks samples 1..n-1.
+    llm = LLM("tiny", qos_classes={"rush": QoSClass(ttft=1e-6, tbt=1e-6)}, default_qos="rush", **OPTS)
+    params = SamplingParams(n=3, max_tokens=8, temperature=0.8, seed=1, ignore_eos=True)
+    out = llm.generate([PROMPTS[5]], params, use_tqdm=False)[0]
+    assert [s.relegated for s in out.outputs] == [True, True, True]
+    assert [len(s.token_ids) for s in out.outputs] == [8, 8, 8]
+    assert llm.engine.scheduler.num_free_blocks == llm.engine.scheduler_config.num_blocks
+
+
 def test_bad_class_is_refused_and_the_rest_run() -> None:
     llm = LLM("tiny", qos_classes=CLASSES, **OPTS)
     with pytest.raises(ValueError, match=r"prompts\[1\]: qos must be one of"):

@@ -89,3 +89,26 @@ def test_scheduler_keys_generated_blocks_only_with_their_tokens() -> None:
     starts = {e.request_id: e.start_pos for e in plan.entries}
     assert starts == {"b": 12, "c": 4}  # "blind" gave no tokens: only its prompt's full block
     assert len(block_hashes(follow, 4)) == 3
+
+
+# A prompt of 29 leaves a partial block, which each sample copies; of 31, the samples'
+# first tokens fill it.
+@pytest.mark.parametrize("k, prompt_len", [(1, 29), (2, 31)])
+def test_next_turn_hits_a_forked_samples_answer(k: int, prompt_len: int) -> None:
+    """Samples 1..n-1 are forked onto the prompt's blocks; their own answers are keyed too."""
+    rng = random.Random(5)
+    prompt, question = _ids(rng, prompt_len), _ids(rng, 7)
+    n3 = SamplingParams(n=3, temperature=0.9, seed=11, max_tokens=13, ignore_eos=True)
+    results = {}
+    for on in (False, True):
+        llm = LLM("tiny", enable_prefix_caching=on, block_size=BS, token_budget=32, chunk_size=16, max_num_seqs=8)
+        answer = llm.generate([prompt], n3, use_tqdm=False)[0].outputs[k]
+        follow = prompt + list(answer.token_ids) + question
+        results[on] = answer, llm.generate([follow], PARAMS, use_tqdm=False)[0]
+        assert llm.engine.scheduler.num_free_blocks == llm.engine.scheduler_config.num_blocks
+    (answer, off), (same, on) = results[False], results[True]
+    assert answer.index == k and answer.token_ids == same.token_ids
+    assert on.token_ids == off.token_ids and on.logprobs == off.logprobs
+    # Every full block of prompt + sample k's answer but the last answer token's (never fed back).
+    assert on.num_cached_tokens == (len(prompt) + len(answer.token_ids) - 1) // BS * BS > len(prompt)
+    assert off.num_cached_tokens == 0

@@ -1,7 +1,7 @@
 """The server's `n` through the official openai client on loopback: n choices with their
 index, equal to the library's n samples of the same request, whole and streamed, for
 completions and chat; n above the limit is a 400 naming n; a client leaving an n > 1
-stream aborts every sample and frees their blocks."""
+stream aborts every sample and frees their blocks; /metrics counts such a request once."""
 from __future__ import annotations
 
 import time
@@ -10,6 +10,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
 
 from http_servers import tiny_server  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
@@ -123,4 +124,28 @@ def test_leaving_a_whole_n_response_aborts_every_sample(served, client: openai.O
         client.with_options(timeout=0.5).completions.create(model="tiny", prompt="hello world", max_tokens=900, n=4,
                                                             temperature=0.0, extra_body={"ignore_eos": True})
     assert _idle(server)
-    assert server.stats.requests["abort"] - aborted == 4  # every sample, long before its 900 tokens
+    assert server.stats.requests["abort"] - aborted == 1  # one request, every sample long before its 900 tokens
+
+
+def _metrics(base: str) -> dict[str, float]:
+    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
+    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
+
+
+def test_metrics_count_an_n_request_once(served, client: openai.OpenAI) -> None:
+    server, base = served
+    prompt_tokens = len(server.llm.tokenizer.encode("hello world", parse_special=False))
+    before = _metrics(base)
+    client.completions.create(prompt="hello world", n=3, **ARGS)
+    list(client.completions.create(prompt="hello world", n=2, stream=True, **ARGS))
+    assert _idle(server)
+    after = _metrics(base)
+    delta = {name: after[name] - before.get(name, 0.0) for name in after}
+    assert delta['sarathi_rt_requests_total{status="length"}'] == 2
+    assert sum(v for k, v in delta.items() if k.startswith("sarathi_rt_requests_total")) == 2
+    assert delta["sarathi_rt_prompt_tokens_total"] == 2 * prompt_tokens
+    assert delta["sarathi_rt_time_to_first_token_seconds_count"] == 2
+    assert delta["sarathi_rt_request_max_time_between_tokens_seconds_count"] == 2
+    # Every sample's 6 tokens and 5 gaps.
+    assert delta["sarathi_rt_generation_tokens_total"] == 5 * 6
+    assert delta["sarathi_rt_time_between_tokens_seconds_count"] == 5 * 5

@@ -56,7 +56,7 @@ def test_server_metrics_export_the_same_slo_numbers() -> None:
                              scheduler=SimpleNamespace(num_running=0, num_waiting=0, num_free_blocks=8))
     stats = ServerStats(ttft_target=3.0, tbt_target=2.0)
     for r in requests:
-        stats.finished("length", r)
+        stats.finished([("length", r)])
     text = stats.render(engine)  # type: ignore[arg-type]
     samples = {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
     m = slo_metrics(requests, steps, 3.0, 2.0)
@@ -72,3 +72,40 @@ def test_server_metrics_export_the_same_slo_numbers() -> None:
     assert "sarathi_rt_requests_good_total 0" in untargeted
     with pytest.raises(ValueError, match="tbt_target"):
         ServerStats(tbt_target=0.0)
+
+
+def test_server_stats_count_a_request_of_several_samples_once() -> None:
+    """n > 1: one request with its status, prompt tokens, TTFT and goodput once; generated
+    tokens and gaps over every sample; good and attained only if every sample is."""
+    pytest.importorskip("fastapi")
+    from types import SimpleNamespace
+
+    from sarathi_rt.scheduler import QoSClass
+    from sarathi_rt.server.stats import ServerStats
+
+    stats = ServerStats(ttft_target=2.0, tbt_target=1.5, qos_classes={"chat": QoSClass(ttft=2.0, tbt=1.5)})
+
+    def sample(times: list[float], relegated: bool = False) -> RequestMetrics:
+        return RequestMetrics(0.0, 8, 0.0, times[0], times, times[-1], qos="chat", relegated=relegated)
+
+    stats.finished([("stop", sample([1.0, 2.0])), ("length", sample([1.0, 2.0, 3.0]))])  # good, attained
+    # Sample 1's gap of 3 s misses the TBT target and its second token's deadline (3.5 s).
+    stats.finished([("length", sample([1.0, 4.0], relegated=True)), ("stop", sample([1.0, 2.0], relegated=True))])
+    stats.finished([("stop", sample([1.0]))], num_samples=2)  # the client left before sample 1 ended
+    assert stats.requests == {"length": 2, "abort": 1}
+    assert stats.prompt_tokens == 3 * 8 and stats.generation_tokens == 2 + 3 + 2 + 2 + 1
+    assert stats.ttft.count == 3 and stats.tbt.count == 1 + 2 + 1 + 1 and stats.request_max_tbt.count == 2
+    assert stats.good == 1
+    assert (stats.qos_requests["chat"], stats.qos_attained["chat"], stats.qos_relegated["chat"]) == (3, 1, 1)
+    engine = SimpleNamespace(step_metrics=[], scheduler_config=SimpleNamespace(num_blocks=8),
+                             scheduler=SimpleNamespace(num_running=0, num_waiting=0, num_free_blocks=8))
+    gauges = {name: value for name, _, value in stats.slo_gauges(engine)}  # type: ignore[arg-type]
+    # The window holds the two whole requests, one good, from 0 s to the last finish at 4 s.
+    assert gauges["sarathi_rt_slo_window_requests"] == 2
+    assert gauges["sarathi_rt_goodput_requests_per_second"] == pytest.approx(1 / 4)
+    assert gauges["sarathi_rt_time_between_tokens_max_seconds"] == 3.0
+    with pytest.raises(ValueError, match="samples: a finish reason must be one of"):
+        stats.finished([("done", sample([1.0]))])
+    with pytest.raises(ValueError, match="num_samples must be >= 1"):
+        stats.finished([("stop", sample([1.0])), ("stop", sample([1.0]))], num_samples=1)
+    assert sum(stats.requests.values()) == 3  # refused calls count nothing

@@ -265,8 +265,11 @@ class LLMEngine:
             plan = self.scheduler.schedule(start)
         for request_id in plan.preempted:
             self._seqs[request_id].metrics.num_preemptions += 1
-        for request_id in plan.relegated:
-            self._seqs[request_id].metrics.relegated = True
+        for key in plan.relegated:
+            # A request is relegated before its first token, so before its other samples
+            # are forked (the scheduler's copies inherit it): mark every sample here.
+            for seq in self._requests[self._seqs[key].request_id]:
+                seq.metrics.relegated = True
         if plan.is_empty:
             self.scheduler.update(plan)
             return False

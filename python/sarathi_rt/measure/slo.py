@@ -74,24 +74,33 @@ def meets_targets(r: RequestMetrics, ttft_target: float | None, tbt_target: floa
     return tbt_target is None or not r.tbts or percentile(r.tbts, 99) <= tbt_target
 
 
-def slo_metrics(requests: Sequence[RequestMetrics], steps: Sequence[StepMetrics],
-                ttft_target: float | None = None, tbt_target: float | None = None) -> SLOMetrics:
+def goodput(requests: Sequence[Sequence[RequestMetrics]], ttft_target: float | None = None,
+            tbt_target: float | None = None) -> float:
+    """See SLOMetrics; each request is given as its samples (several with n > 1), and is
+    good only when every sample finished meeting the targets: its response is complete
+    with its slowest choice. NaN without a target or a finished request."""
     for name, value in (("ttft_target", ttft_target), ("tbt_target", tbt_target)):
         if value is not None and not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be a positive finite number of seconds or None, got {value!r}")
+    done = [r for r in requests if r and all(s.finish_time is not None for s in r)]
+    if (ttft_target is None and tbt_target is None) or not done:
+        return math.nan
+    last = max(s.finish_time for r in done for s in r)  # type: ignore[type-var]
+    span = last - min(s.arrival_time for r in requests for s in r)
+    good = sum(1 for r in done if all(meets_targets(s, ttft_target, tbt_target) for s in r))
+    return good / span if span > 0 else math.nan
+
+
+def slo_metrics(requests: Sequence[RequestMetrics], steps: Sequence[StepMetrics],
+                ttft_target: float | None = None, tbt_target: float | None = None) -> SLOMetrics:
+    good = goodput([(r,) for r in requests], ttft_target, tbt_target)  # first: it checks the targets
     gaps = [g for r in requests for g in r.tbts]
     worst = [max(r.tbts) for r in requests if len(r.token_times) > 1]
-    goodput = math.nan
-    done = [r for r in requests if r.finish_time is not None]
-    if (ttft_target is not None or tbt_target is not None) and done:
-        span = max(r.finish_time for r in done) - min(r.arrival_time for r in requests)  # type: ignore[type-var]
-        good = sum(1 for r in done if meets_targets(r, ttft_target, tbt_target))
-        goodput = good / span if span > 0 else math.nan
     predicted = [(s.duration, s.predicted_duration) for s in steps if s.predicted_duration is not None]
     errors = [abs(a - p) / a for a, p in predicted if a > 0 and math.isfinite(p)]
     under = sum(1 for a, p in predicted if a > p) / len(predicted) if predicted else math.nan
     return SLOMetrics(tbt_p999=percentile(gaps, 99.9), tbt_max=max(gaps, default=math.nan),
                       request_max_tbt=Distribution.of(worst), prefill_wait_share=prefill_wait_share(requests, steps),
-                      goodput=goodput, ttft_target=ttft_target, tbt_target=tbt_target,
+                      goodput=good, ttft_target=ttft_target, tbt_target=tbt_target,
                       step_error_p50=percentile(errors, 50), step_error_p99=percentile(errors, 99),
                       under_predicted=under)

@@ -199,21 +199,24 @@ class Scheduler(ABC):
                 self._register_computed(req)
             if entry.emits_token:
                 req.num_generated += 1
+                if req.samples:  # before the parent may retire and free the prompt's blocks
+                    finished += self._fork(req, stopped, token_ids)
                 if req.key_tail is not None:
                     self._key_generated(req, None if token_ids is None else token_ids.get(req.request_id))
-                if req.samples:  # before the parent may retire and free the prompt's blocks
-                    finished += self._fork(req, stopped)
                 if req.num_generated >= req.max_new_tokens or \
                         (stopped and req.request_id in stopped):
                     self._retire(req, RequestStatus.FINISHED)
                     finished.append(req.request_id)
         return finished
 
-    def _fork(self, parent: Request, stopped: Collection[Hashable]) -> list[Hashable]:
+    def _fork(self, parent: Request, stopped: Collection[Hashable],
+              token_ids: Mapping[Hashable, int] | None) -> list[Hashable]:
         """Create `parent`'s other samples: its prompt's KV is computed and each sample
         has drawn its first token from the prompt's last logits (the engine sampled them
         in the same step). A sample shares the prompt's full blocks (one more reference
-        each) and owns a copy of the partly filled last one (plan.block_copies). One that
+        each) and owns a copy of the partly filled last one (plan.block_copies); with
+        prefix caching it keys its own tokens from there, as the parent does (called
+        before the parent keys its first token, so parent.key_tail is the prompt's). One that
         finds no room (max_num_seqs reached, or no free block for the copy) waits at the
         front of the queue like a preempted request and re-prefills the prompt and its
         first token: its tokens are the same, only that prefill is paid again. Returns
@@ -221,7 +224,7 @@ class Scheduler(ABC):
         bs = self.config.block_size
         prompt = parent.num_prompt_tokens
         full, partial = divmod(prompt, bs)
-        keys = parent.block_keys[:full]  # the prompt's, not the keys of generated tokens
+        keys, tail = parent.block_keys[:full], parent.key_tail
         room = self.config.max_num_seqs - len(self._running)
         finished, deferred = [], []
         for sample_id in parent.samples:
@@ -229,7 +232,9 @@ class Scheduler(ABC):
                             num_computed=prompt, num_generated=1, first_scheduled_step=parent.first_scheduled_step,
                             block_keys=list(keys), num_keyed=len(keys), arrival_step=parent.arrival_step,
                             qos=parent.qos, qos_class=parent.qos_class, arrival_time=parent.arrival_time,
-                            relegated=parent.relegated)
+                            relegated=parent.relegated, key_tail=None if tail is None else list(tail))
+            if tail is not None:
+                self._key_generated(child, None if token_ids is None else token_ids.get(sample_id))
             if child.num_generated >= child.max_new_tokens or sample_id in stopped:
                 child.status = RequestStatus.FINISHED
                 self._done[sample_id] = child

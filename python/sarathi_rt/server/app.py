@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException
 
 from sarathi_rt.engine import AsyncLLMEngine, RequestOutput
 from sarathi_rt.llm import LLM
+from sarathi_rt.measure.metrics import RequestMetrics
 
 from .http import BodyLimit
 from .protocol import (ChatRequest, CompletionRequest, Limits, SamplingRequest, completion_body, describe,
@@ -322,19 +323,18 @@ class OpenAIServer:
 
     async def _outputs(self, request_id: str, queue: asyncio.Queue[RequestOutput | Exception], num_samples: int
                        ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs (every sample's), each sample counted by how it ends; if
-        the consumer stops early, the engine aborts the request."""
-        left = num_samples
+        """The request's outputs (every sample's), the request counted once by how its
+        samples end; if the consumer stops early, the engine aborts the request."""
+        ended: list[tuple[str, RequestMetrics]] = []
         try:
             async with contextlib.aclosing(self.engine.outputs(request_id, queue, num_samples)) as outputs:  # abort now
                 async for out in outputs:
                     if out.finished:
-                        left -= 1
-                        self.stats.finished(out.finish_reason or "abort", out.metrics)
+                        ended.append((out.finish_reason or "abort", out.metrics))
                     yield out
         finally:
             self._live.pop(request_id, None)
-            self.stats.requests["abort"] += left
+            self.stats.finished(ended, num_samples)
 
     async def _events(self, request_id: str, outputs: AsyncIterator[RequestOutput], chat: bool,
                       include_usage: bool, tier: str) -> AsyncIterator[str]:

@@ -7,17 +7,18 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sarathi_rt.engine import LLMEngine
 from sarathi_rt.measure.metrics import RequestMetrics
-from sarathi_rt.measure.slo import meets_targets, slo_metrics
+from sarathi_rt.measure.slo import goodput, meets_targets, slo_metrics
 from sarathi_rt.scheduler import QoSClass
 
 # Seconds; TTFT spans queueing and prefill, TBT one step.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TBT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+WORST_END_FIRST = ("abort", "length", "stop")  # how a sample can end, the least complete first
 
 
 @dataclass
@@ -46,7 +47,8 @@ class Histogram:
 
 class ServerStats:
     """requests by status: a finish reason (stop, length, abort), or bad_request,
-    overloaded or error for requests refused or failed before they finished.
+    overloaded or error for requests refused or failed before they finished. A request
+    counts once however many samples (n) it has; see `finished`.
     ttft_target / tbt_target (seconds): goodput's targets (measure.slo.meets_targets);
     without either, goodput is NaN and no request counts as good. qos_classes: the
     engine's; finished requests are then counted per class, with those that met every
@@ -65,7 +67,8 @@ class ServerStats:
         self.tbt = Histogram(TBT_BUCKETS)
         self.request_max_tbt = Histogram(TBT_BUCKETS)
         self.good = 0
-        self.recent: deque[RequestMetrics] = deque(maxlen=self.SLO_WINDOW)
+        # The samples of each request whose every sample reported its end.
+        self.recent: deque[tuple[RequestMetrics, ...]] = deque(maxlen=self.SLO_WINDOW)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.qos_classes = qos_classes or {}
@@ -73,34 +76,61 @@ class ServerStats:
         self.qos_attained: Counter[str] = Counter()
         self.qos_relegated: Counter[str] = Counter()
 
-    def finished(self, reason: str, metrics: RequestMetrics) -> None:
-        self.requests[reason] += 1
-        if metrics.ttft is not None:
-            self.ttft.observe(metrics.ttft)
-        for gap in metrics.tbts:
+    def finished(self, samples: Sequence[tuple[str, RequestMetrics]], num_samples: int | None = None) -> None:
+        """Count a request that ended, once. `samples`: (finish reason, metrics) of each of
+        its samples that reported its end; `num_samples`: how many it had (default: that
+        many), the others ended unseen (its client left first) and count as aborted.
+
+        Its status is the least complete end among its samples, abort before length
+        before stop: a response is only as whole as its least complete choice, and the
+        status does not hang on which sample happened to end last. Its prompt tokens, its
+        TTFT (the first token of any sample) and its largest gap between tokens count
+        once; generated tokens and every gap count over all samples. It is good (it met
+        the TTFT and TBT targets) and attained (it met every deadline of its QoS class,
+        and did not abort) only if every sample did, since the client waits for all of
+        them; it is relegated if its samples were (they share the first-token deadline)."""
+        num_samples = len(samples) if num_samples is None else num_samples
+        if num_samples < max(len(samples), 1):
+            raise ValueError(f"num_samples must be >= 1 and >= the {len(samples)} samples given, got {num_samples}")
+        ends = {reason for reason, _ in samples} | ({"abort"} if len(samples) < num_samples else set())
+        if not ends <= set(WORST_END_FIRST):
+            raise ValueError(f"samples: a finish reason must be one of {WORST_END_FIRST}, got {sorted(ends)}")
+        status = next(end for end in WORST_END_FIRST if end in ends)
+        self.requests[status] += 1
+        metrics = [m for _, m in samples]
+        if not metrics:
+            return  # nothing was measured
+        first_tokens = [m.ttft for m in metrics if m.ttft is not None]
+        if first_tokens:
+            self.ttft.observe(min(first_tokens))
+        gaps = [gap for m in metrics for gap in m.tbts]
+        for gap in gaps:
             self.tbt.observe(gap)
-        if metrics.tbts:
-            self.request_max_tbt.observe(max(metrics.tbts))
-        if (self.ttft_target is not None or self.tbt_target is not None) and \
-                meets_targets(metrics, self.ttft_target, self.tbt_target):
-            self.good += 1
-        self.recent.append(metrics)
-        self.prompt_tokens += metrics.num_prompt_tokens
-        self.generation_tokens += metrics.num_generated_tokens
-        qos = self.qos_classes.get(metrics.qos or "")
+        if gaps:
+            self.request_max_tbt.observe(max(gaps))
+        if len(metrics) == num_samples:  # a sample that ended unseen cannot be judged good
+            self.recent.append(tuple(metrics))
+            if (self.ttft_target is not None or self.tbt_target is not None) and \
+                    all(meets_targets(m, self.ttft_target, self.tbt_target) for m in metrics):
+                self.good += 1
+        self.prompt_tokens += metrics[0].num_prompt_tokens
+        self.generation_tokens += sum(m.num_generated_tokens for m in metrics)
+        name = metrics[0].qos or ""
+        qos = self.qos_classes.get(name)
         if qos is not None:
-            self.qos_requests[metrics.qos] += 1  # type: ignore[index]
-            self.qos_attained[metrics.qos] += qos.attained(metrics.arrival_time, metrics.token_times,  # type: ignore[index]
-                                                           reason != "abort")
-            self.qos_relegated[metrics.qos] += metrics.relegated  # type: ignore[index]
+            self.qos_requests[name] += 1
+            self.qos_attained[name] += status != "abort" and \
+                all(qos.attained(m.arrival_time, m.token_times, True) for m in metrics)
+            self.qos_relegated[name] += any(m.relegated for m in metrics)
 
     def slo_gauges(self, engine: LLMEngine) -> list[tuple[str, str, float]]:
         """(name, help, value) of each SLO gauge; NaN where the window has nothing to measure."""
         requests = list(self.recent)
-        starts = [r.token_times[0] for r in requests if r.token_times]
+        samples = [m for request in requests for m in request]
+        starts = [m.token_times[0] for m in samples if m.token_times]
         # list() copies the deque in one C call: the engine's thread may append meanwhile.
         steps = [s for s in list(engine.step_metrics) if starts and s.start_time + s.duration >= min(starts)]
-        m = slo_metrics(requests, steps, self.ttft_target, self.tbt_target)
+        m = slo_metrics(samples, steps)  # the gaps, over every sample; goodput counts requests
         return [("sarathi_rt_slo_window_requests", "Finished requests the SLO gauges cover (the latest, "
                                                    f"at most {self.SLO_WINDOW}).", float(len(requests))),
                 ("sarathi_rt_time_between_tokens_p999_seconds", "P99.9 of every gap between tokens.", m.tbt_p999),
@@ -108,7 +138,7 @@ class ServerStats:
                 ("sarathi_rt_prefill_wait_share", "Share of the time between tokens spent on prefill work.",
                  m.prefill_wait_share),
                 ("sarathi_rt_goodput_requests_per_second", "Requests per second meeting the TTFT and TBT targets.",
-                 m.goodput)]
+                 goodput(requests, self.ttft_target, self.tbt_target))]
 
     def render(self, engine: LLMEngine) -> str:
         scheduler = engine.scheduler
@@ -127,7 +157,7 @@ class ServerStats:
              [f"sarathi_rt_requests_good_total {self.good}"]),
             ("sarathi_rt_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
              [f"sarathi_rt_prompt_tokens_total {self.prompt_tokens}"]),
-            ("sarathi_rt_generation_tokens_total", "counter", "Tokens generated by finished requests.",
+            ("sarathi_rt_generation_tokens_total", "counter", "Tokens generated by finished requests (every sample's).",
              [f"sarathi_rt_generation_tokens_total {self.generation_tokens}"]),
             ("sarathi_rt_requests_running", "gauge", "Requests holding KV blocks (prefilling or decoding).",
              [f"sarathi_rt_requests_running {scheduler.num_running}"]),
