@@ -105,4 +105,5 @@ def test_the_server_reports_a_failed_engine_and_shuts_down() -> None:
     assert not thread.is_alive(), "the server did not shut itself down"
     assert uv.engine_failed
     assert llm.engine.scheduler.num_free_blocks == OPTS["num_kv_blocks"]
-    assert server.stats.requests["error"] == 2
+    # Each failed request counted once, as an error (not also as an abort); the late one as refused.
+    assert server.stats.requests["error"] == 2 and server.stats.requests["abort"] == 0

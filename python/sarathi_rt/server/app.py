@@ -97,9 +97,7 @@ class OpenAIServer:
 
         @app.exception_handler(ApiError)
         async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-            if exc.status == 500:
-                self.stats.requests["error"] += 1
-            elif exc.status in (400, 404, 503):  # 499: the client left, counted as "abort"
+            if exc.status in (400, 404, 503):  # 499: the client left, and 500 (the engine failed): counted by _outputs
                 self.stats.requests["overloaded" if exc.status == 503 else "bad_request"] += 1
             return JSONResponse(error_body(str(exc), exc.kind, exc.param), status_code=exc.status)
 
@@ -326,15 +324,22 @@ class OpenAIServer:
         """The request's outputs (every sample's), the request counted once by how its
         samples end; if the consumer stops early, the engine aborts the request."""
         ended: list[tuple[str, RequestMetrics]] = []
+        failed = False
         try:
             async with contextlib.aclosing(self.engine.outputs(request_id, queue, num_samples)) as outputs:  # abort now
                 async for out in outputs:
                     if out.finished:
                         ended.append((out.finish_reason or "abort", out.metrics))
                     yield out
+        except Exception as exc:
+            failed = not isinstance(exc, ShuttingDown)  # the engine failed: an error, not an abort
+            raise
         finally:
             self._live.pop(request_id, None)
-            self.stats.finished(ended, num_samples)
+            if failed:
+                self.stats.requests["error"] += 1
+            else:
+                self.stats.finished(ended, num_samples)
 
     async def _events(self, request_id: str, outputs: AsyncIterator[RequestOutput], chat: bool,
                       include_usage: bool, tier: str) -> AsyncIterator[str]:
@@ -357,8 +362,7 @@ class OpenAIServer:
                 yield f"data: {json.dumps(chunk)}\n\n"
         except ShuttingDown as exc:
             yield f"data: {json.dumps(error_body(str(exc), 'server_shutting_down'))}\n\n"
-        except Exception as exc:  # the engine failed: tell the client, then end the stream
-            self.stats.requests["error"] += 1
+        except Exception as exc:  # the engine failed (counted by _outputs): tell the client, then end the stream
             yield f"data: {json.dumps(error_body(str(exc), 'server_error'))}\n\n"
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
