@@ -75,6 +75,31 @@ def test_chat_logprobs_whole_and_streamed(served, client: openai.OpenAI) -> None
     assert plain.choices[0].logprobs is None
 
 
+def test_logprobs_stop_where_a_stop_string_cuts_the_text(client: openai.OpenAI) -> None:
+    """The tokens scored are those whose text starts inside the returned text: a token the
+    stop string begins inside is kept (its text runs on past the cut), the ones after are
+    not; text_offset points into the text. Streamed chunks score the same tokens."""
+    args = dict(model="tiny", prompt="json:", max_tokens=4, temperature=0.0, logprobs=1,
+                extra_body={"ignore_eos": True})
+    tokens = client.completions.create(**args).choices[0].logprobs.tokens
+    full = "".join(tokens)
+    assert full.isascii() and full.isprintable()  # the tiny model's answer: one character per byte
+    starts = [len("".join(tokens[:i])) for i in range(len(tokens))]
+    for stop in (tokens[-1], full[-3:], full[-1]):  # cuts at a token's start and inside tokens
+        cut = full.index(stop)
+        assert cut > 0
+        kept = [i for i, start in enumerate(starts) if start < cut]
+        whole = client.completions.create(stop=[stop], **args).choices[0]
+        assert whole.text == full[:cut] and whole.finish_reason == "stop"
+        lp = whole.logprobs
+        assert lp.tokens == [tokens[i] for i in kept] and lp.text_offset == [starts[i] for i in kept]
+        assert len(lp.token_logprobs) == len(lp.top_logprobs) == len(kept)
+        chunks = [c.choices[0] for c in client.completions.create(stop=[stop], stream=True, **args)]
+        assert "".join(c.text for c in chunks) == whole.text
+        assert [t for c in chunks if c.logprobs for t in c.logprobs.tokens] == lp.tokens
+        assert [o for c in chunks if c.logprobs for o in c.logprobs.text_offset] == lp.text_offset
+
+
 @pytest.mark.parametrize("call, kwargs, param", [
     ("completions", {"prompt": "hi", "logprobs": 21}, "logprobs"),
     ("chat", {"messages": CONV, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),

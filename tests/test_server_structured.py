@@ -26,6 +26,10 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
           "required": ["name", "age"], "additionalProperties": False}
 
+COUNTS = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "b": {"type": "boolean"}},
+          "required": ["a", "b"], "additionalProperties": False}  # ASCII only: each token's text is whole
+
 
 def _fmt(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
@@ -62,6 +66,22 @@ def test_streamed_json_schema_joins_to_a_valid_value(client: openai.OpenAI) -> N
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_logprobs_cover_the_answer_not_its_end_token(client: openai.OpenAI) -> None:
+    """The grammar ends the answer with the eos token, which has no text: no logprobs,
+    so the tokens scored spell the content exactly, whole and streamed."""
+    args = dict(model="tiny", max_tokens=40, seed=3, extra_body={"response_format": _fmt(COUNTS)})
+    chat = client.chat.completions.create(messages=CONV, logprobs=True, **args).choices[0]
+    tokens = [c.token for c in chat.logprobs.content]
+    assert chat.finish_reason == "stop" and "".join(tokens) == chat.message.content
+    json.loads(chat.message.content)
+    chunks = [c.choices[0] for c in client.chat.completions.create(messages=CONV, logprobs=True, stream=True, **args)]
+    assert [c.token for ch in chunks if ch.logprobs for c in ch.logprobs.content] == tokens
+    text = client.completions.create(prompt="json:", logprobs=0, **args).choices[0]
+    assert text.finish_reason == "stop" and "".join(text.logprobs.tokens) == text.text
+    tokens = text.logprobs.tokens
+    assert text.logprobs.text_offset == [len("".join(tokens[:i])) for i in range(len(tokens))]
 
 
 def test_json_object_and_text(client: openai.OpenAI) -> None:

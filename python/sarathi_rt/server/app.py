@@ -259,7 +259,7 @@ class OpenAIServer:
             raise ApiError(499, "the request was aborted", kind="aborted")
         choices = [completion_body(request_id, self.model_name, chat, out.text, out.finish_reason, stream=False,
                                    token_ids=self._ids_without_text(out.token_ids),
-                                   logprobs=self._logprobs(chat, out, len(out.token_ids), 0), index=index,
+                                   logprobs=self._logprobs(chat, out, 0), index=index,
                                    service_tier=self._tier(body)) for index, out in sorted(finals.items())]
         response = choices[0] | {"choices": [c for one in choices for c in one["choices"]]}
         return response | {"usage": usage(num_prompt_tokens, sum(len(out.token_ids) for out in finals.values()))}
@@ -267,12 +267,16 @@ class OpenAIServer:
     def _ids_without_text(self, ids: Any) -> list[int] | None:
         return list(ids) if self.llm.tokenizer is None else None
 
-    def _logprobs(self, chat: bool, out: RequestOutput, count: int, text_offset: int) -> dict[str, Any] | None:
-        """The logprobs object of `out`'s last `count` tokens (None if not asked for)."""
+    def _logprobs(self, chat: bool, out: RequestOutput, first: int) -> dict[str, Any] | None:
+        """The logprobs object of `out`'s tokens from `first` on that spell its text so far
+        (None if not asked for). Only the returned text's tokens are scored: not the end
+        token, nor tokens after a stop string; a token that the stop string begins inside
+        is, so the last token's text may run on past the text (RequestOutput.num_text_tokens)."""
         if out.logprobs is None:
             return None
-        first = len(out.token_ids) - count
-        return logprobs_body(chat, out.token_ids[first:], out.logprobs[first:], self._token_text, text_offset)
+        end = out.num_text_tokens
+        offsets = None if out.text_offsets is None else out.text_offsets[first:end]
+        return logprobs_body(chat, out.token_ids[first:end], out.logprobs[first:end], self._token_text, offsets)
 
     def _token_text(self, token_id: int) -> str:
         """A token as text; without a tokenizer, vLLM's "token_id:<id>"."""
@@ -318,19 +322,19 @@ class OpenAIServer:
     async def _events(self, request_id: str, outputs: AsyncIterator[RequestOutput], chat: bool,
                       include_usage: bool, tier: str) -> AsyncIterator[str]:
         """One server-sent event per generated token of each choice (its text may be empty
-        while a character or a possible stop string is incomplete), then usage and [DONE]."""
+        while a character or a possible stop string is incomplete, and so its logprobs,
+        which follow the text), then usage and [DONE]."""
         last = None
-        text_offsets: dict[int, int] = {}  # per choice: its text so far, in characters
+        scored: dict[int, int] = {}  # per choice: the tokens whose logprobs were sent
         completion_tokens: dict[int, int] = {}
         try:
             async for out in outputs:
-                text_offset = text_offsets.get(out.index, 0)
                 chunk = completion_body(request_id, self.model_name, chat, out.new_text,
-                                        out.finish_reason, stream=True, role=chat and out.index not in text_offsets,
+                                        out.finish_reason, stream=True, role=chat and out.index not in scored,
                                         token_ids=self._ids_without_text(out.new_token_ids),
-                                        logprobs=self._logprobs(chat, out, len(out.new_token_ids), text_offset),
+                                        logprobs=self._logprobs(chat, out, scored.get(out.index, 0)),
                                         index=out.index, service_tier=tier)
-                text_offsets[out.index] = text_offset + len(out.new_text or "")
+                scored[out.index] = out.num_text_tokens
                 completion_tokens[out.index] = len(out.token_ids)
                 last = out
                 yield f"data: {json.dumps(chunk)}\n\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -244,10 +245,11 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def logprobs_body(chat: bool, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob],
-                  token_text: Callable[[int], str], text_offset: int = 0) -> dict[str, Any]:
+                  token_text: Callable[[int], str], text_offsets: Sequence[int] | None) -> dict[str, Any]:
     """OpenAI's logprobs object for these tokens: chat's `content` list, or the legacy
-    completions' parallel lists (text_offset: where the first token's text starts in
-    the completion)."""
+    completions' parallel lists. text_offsets: where each token's text starts in the
+    completion's text; None (a model without a tokenizer has no text): where the text
+    of the token before it ends."""
     if chat:
         def entry(token: int, value: float) -> dict[str, Any]:
             text = token_text(token)
@@ -256,12 +258,11 @@ def logprobs_body(chat: bool, token_ids: Sequence[int], logprobs: Sequence[Token
         return {"content": [entry(t, lp.logprob) | {"top_logprobs": [entry(i, v) for i, v in lp.top]}
                             for t, lp in zip(token_ids, logprobs)], "refusal": None}
     tokens = [token_text(t) for t in token_ids]
-    offsets = []
-    for token in tokens:
-        offsets.append(text_offset)
-        text_offset += len(token)
+    if text_offsets is None:
+        text_offsets = list(accumulate(map(len, tokens), initial=0))[:-1]
     return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{token_text(i): v for i, v in lp.top} for lp in logprobs], "text_offset": offsets}
+            "top_logprobs": [{token_text(i): v for i, v in lp.top} for lp in logprobs],
+            "text_offset": list(text_offsets)}
 
 
 def completion_body(request_id: str, model: str, chat: bool, text: str | None, finish_reason: str | None,
