@@ -276,7 +276,8 @@ class OpenAIServer:
             return None
         end = out.num_text_tokens
         offsets = None if out.text_offsets is None else out.text_offsets[first:end]
-        return logprobs_body(chat, out.token_ids[first:end], out.logprobs[first:end], self._token_text, offsets)
+        return logprobs_body(chat, out.token_ids[first:end], out.logprobs[first:end], self._token_text,
+                             self._token_bytes, offsets)
 
     def _token_text(self, token_id: int) -> str:
         """A token as text; without a tokenizer, vLLM's "token_id:<id>"."""
@@ -284,6 +285,12 @@ class OpenAIServer:
         if tokenizer is None:
             return f"token_id:{token_id}"
         return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token spells, which may be part of a character; without a
+        tokenizer, those of its "token_id:<id>" text."""
+        tokenizer = self.llm.tokenizer
+        return self._token_text(token_id).encode() if tokenizer is None else tokenizer.token_bytes(token_id)
 
     async def drain(self, timeout: float) -> None:
         """Refuse new requests (503), give running ones `timeout` seconds to finish, then
