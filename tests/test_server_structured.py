@@ -105,6 +105,7 @@ def test_json_object_and_text(client: openai.OpenAI) -> None:
     ({"type": "json_schema"}, "json_schema is required"),
     ({"type": "yaml"}, "response_format.type"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "extra": 1}}, "extra"),
+    (_fmt({"type": "object", "required": ["zz"], "additionalProperties": False}), "has no value"),
 ])
 def test_bad_formats_are_400_naming_response_format(client: openai.OpenAI, response_format: dict,
                                                     message: str) -> None:
@@ -112,6 +113,16 @@ def test_bad_formats_are_400_naming_response_format(client: openai.OpenAI, respo
         client.chat.completions.create(model="tiny", messages=CONV, max_tokens=8, response_format=response_format)
     assert message in err.value.message and err.value.body["param"] == "response_format"
     assert client.chat.completions.create(model="tiny", messages=CONV, max_tokens=4).choices[0].finish_reason
+
+
+@pytest.mark.parametrize("response_format", [_fmt(PERSON), {"type": "json_object"}])
+def test_stop_strings_with_a_schema_are_400_naming_stop(client: openai.OpenAI, response_format: dict) -> None:
+    """A stop string would cut the value short: a "stop" answer that does not parse."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=CONV, max_tokens=8, stop=["{"],
+                                       response_format=response_format)
+    assert "stop strings cannot be combined" in err.value.message and err.value.body["param"] == "stop"
+    assert client.chat.completions.create(model="tiny", messages=CONV, max_tokens=4, stop=["{"]).choices[0]
 
 
 def test_without_the_extra_a_400_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

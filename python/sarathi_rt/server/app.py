@@ -218,7 +218,7 @@ class OpenAIServer:
             # The engine names SamplingParams' json_schema, which a client sent as response_format.
             if body.response_format is not None and str(exc).startswith("json_schema"):
                 raise ApiError(400, f"response_format: {exc}", param="response_format") from None
-            raise ApiError(400, str(exc)) from None
+            raise ApiError(400, str(exc), param="stop" if str(exc).startswith("stop strings") else None) from None
         self._live[request_id] = queue
         return queue, request_id
 
