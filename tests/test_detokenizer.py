@@ -77,6 +77,19 @@ def test_stop_string_across_tokens_is_cut_and_never_streamed(byte_level: Tokeniz
     assert seen + held.release(True) == "hello world" and not held.stopped
 
 
+def test_offsets_are_where_each_tokens_text_starts(byte_level: Tokenizer) -> None:
+    """Both byte tokens of é start where é does; a special token, where the next text
+    will; the tokens of a stop string, at or past the end of the cut text."""
+    ids = byte_level.encode("hié<|im_end|>x!", add_special_tokens=False)
+    spelled = [byte_level.token_bytes(t) for t in ids]
+    assert spelled[-5:] == [b"\xc3", b"\xa9", b"<|im_end|>", b"x", b"!"]
+    detok = Detokenizer(byte_level, [1], stop=["x!"])
+    _feed(detok, ids)
+    assert detok.text == "hié"
+    assert detok.offsets[-5:] == [2, 2, 3, 3, 4]
+    assert detok.offsets[:-5] == [len(byte_level.decode(ids[:i])) for i in range(len(ids) - 5)]  # "hi"
+
+
 def test_rejects_appends_after_a_stop(byte_level: Tokenizer) -> None:
     detok = Detokenizer(byte_level, [1], stop="h")
     assert detok.append(byte_level.encode("hi")[0]) and detok.text == ""

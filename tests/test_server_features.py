@@ -67,12 +67,60 @@ def test_chat_logprobs_whole_and_streamed(served, client: openai.OpenAI) -> None
     assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
                for c in content)
     assert "".join(c.token for c in content) == whole.choices[0].message.content
-    assert all(bytes(c.bytes).decode() == c.token for c in content)
+    assert all(bytes(c.bytes).decode(errors="replace") == c.token for c in content)  # bytes: the token's own
     chunks = list(client.chat.completions.create(stream=True, **args))
     streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
     assert [c.logprob for c in streamed] == [c.logprob for c in content]
     plain = client.chat.completions.create(model="tiny", messages=CONV, max_tokens=2)
     assert plain.choices[0].logprobs is None
+
+
+def test_logprobs_stop_where_a_stop_string_cuts_the_text(client: openai.OpenAI) -> None:
+    """The tokens scored are those whose text starts inside the returned text: a token the
+    stop string begins inside is kept (its text runs on past the cut), the ones after are
+    not; text_offset points into the text. Streamed chunks score the same tokens."""
+    args = dict(model="tiny", prompt="json:", max_tokens=4, temperature=0.0, logprobs=1,
+                extra_body={"ignore_eos": True})
+    tokens = client.completions.create(**args).choices[0].logprobs.tokens
+    full = "".join(tokens)
+    assert full.isascii() and full.isprintable()  # the tiny model's answer: one character per byte
+    starts = [len("".join(tokens[:i])) for i in range(len(tokens))]
+    for stop in (tokens[-1], full[-3:], full[-1]):  # cuts at a token's start and inside tokens
+        cut = full.index(stop)
+        assert cut > 0
+        kept = [i for i, start in enumerate(starts) if start < cut]
+        whole = client.completions.create(stop=[stop], **args).choices[0]
+        assert whole.text == full[:cut] and whole.finish_reason == "stop"
+        lp = whole.logprobs
+        assert lp.tokens == [tokens[i] for i in kept] and lp.text_offset == [starts[i] for i in kept]
+        assert len(lp.token_logprobs) == len(lp.top_logprobs) == len(kept)
+        chunks = [c.choices[0] for c in client.completions.create(stop=[stop], stream=True, **args)]
+        assert "".join(c.text for c in chunks) == whole.text
+        assert [t for c in chunks if c.logprobs for t in c.logprobs.tokens] == lp.tokens
+        assert [o for c in chunks if c.logprobs for o in c.logprobs.text_offset] == lp.text_offset
+
+
+def test_logprobs_of_partial_characters(served, client: openai.OpenAI) -> None:
+    """The tiny model's greedy answer to CONV is mostly lone bytes of UTF-8 characters,
+    whose text is U+FFFD: chat reports each token's own byte (joined, they decode to the
+    answer), and a completion's top_logprobs keep every alternative, those sharing a
+    text keyed "token_id:<id>"."""
+    server, _ = served
+    args = dict(model="tiny", max_tokens=12, temperature=0.0, extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(messages=CONV, logprobs=True, top_logprobs=5, **args).choices[0]
+    entries = [e for c in chat.logprobs.content for e in (c, *c.top_logprobs)]
+    partial = [e for e in entries if e.token == "\ufffd"]
+    assert partial and all(len(e.bytes) == 1 and e.bytes[0] >= 0x80 for e in partial)
+    assert b"".join(bytes(c.bytes) for c in chat.logprobs.content).decode(errors="replace") == chat.message.content
+    whole = client.completions.create(prompt="hello", logprobs=5, **args).choices[0]
+    prompt = server.llm.tokenizer.encode("hello", parse_special=False)
+    ref = _expected(server, prompt, max_tokens=12, temperature=0.0, logprobs=5, ignore_eos=True)
+    tops = whole.logprobs.top_logprobs
+    assert any(key.startswith("token_id:") for top in tops for key in top)  # some texts were shared
+    for top, x in zip(tops, ref.logprobs, strict=True):
+        assert len(top) == 5
+        for i, v in x.top:  # each alternative once: by its text, or by its id where that is shared
+            assert top.get(f"token_id:{i}", top.get(server._token_text(i))) == pytest.approx(v, abs=1e-6)
 
 
 @pytest.mark.parametrize("call, kwargs, param", [

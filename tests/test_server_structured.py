@@ -26,6 +26,10 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
           "required": ["name", "age"], "additionalProperties": False}
 
+COUNTS = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "b": {"type": "boolean"}},
+          "required": ["a", "b"], "additionalProperties": False}  # ASCII only: each token's text is whole
+
 
 def _fmt(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
@@ -64,6 +68,22 @@ def test_streamed_json_schema_joins_to_a_valid_value(client: openai.OpenAI) -> N
     jsonschema.validate(json.loads(text), PERSON)
 
 
+def test_logprobs_cover_the_answer_not_its_end_token(client: openai.OpenAI) -> None:
+    """The grammar ends the answer with the eos token, which has no text: no logprobs,
+    so the tokens scored spell the content exactly, whole and streamed."""
+    args = dict(model="tiny", max_tokens=40, seed=3, extra_body={"response_format": _fmt(COUNTS)})
+    chat = client.chat.completions.create(messages=CONV, logprobs=True, **args).choices[0]
+    tokens = [c.token for c in chat.logprobs.content]
+    assert chat.finish_reason == "stop" and "".join(tokens) == chat.message.content
+    json.loads(chat.message.content)
+    chunks = [c.choices[0] for c in client.chat.completions.create(messages=CONV, logprobs=True, stream=True, **args)]
+    assert [c.token for ch in chunks if ch.logprobs for c in ch.logprobs.content] == tokens
+    text = client.completions.create(prompt="json:", logprobs=0, **args).choices[0]
+    assert text.finish_reason == "stop" and "".join(text.logprobs.tokens) == text.text
+    tokens = text.logprobs.tokens
+    assert text.logprobs.text_offset == [len("".join(tokens[:i])) for i in range(len(tokens))]
+
+
 def test_json_object_and_text(client: openai.OpenAI) -> None:
     """json_object gives an object whenever it completes within max_tokens (a random
     model may nest without end, hence several seeds); "text" is the free answer."""
@@ -85,6 +105,7 @@ def test_json_object_and_text(client: openai.OpenAI) -> None:
     ({"type": "json_schema"}, "json_schema is required"),
     ({"type": "yaml"}, "response_format.type"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "extra": 1}}, "extra"),
+    (_fmt({"type": "object", "required": ["zz"], "additionalProperties": False}), "has no value"),
 ])
 def test_bad_formats_are_400_naming_response_format(client: openai.OpenAI, response_format: dict,
                                                     message: str) -> None:
@@ -92,6 +113,16 @@ def test_bad_formats_are_400_naming_response_format(client: openai.OpenAI, respo
         client.chat.completions.create(model="tiny", messages=CONV, max_tokens=8, response_format=response_format)
     assert message in err.value.message and err.value.body["param"] == "response_format"
     assert client.chat.completions.create(model="tiny", messages=CONV, max_tokens=4).choices[0].finish_reason
+
+
+@pytest.mark.parametrize("response_format", [_fmt(PERSON), {"type": "json_object"}])
+def test_stop_strings_with_a_schema_are_400_naming_stop(client: openai.OpenAI, response_format: dict) -> None:
+    """A stop string would cut the value short: a "stop" answer that does not parse."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=CONV, max_tokens=8, stop=["{"],
+                                       response_format=response_format)
+    assert "stop strings cannot be combined" in err.value.message and err.value.body["param"] == "stop"
+    assert client.chat.completions.create(model="tiny", messages=CONV, max_tokens=4, stop=["{"]).choices[0]
 
 
 def test_without_the_extra_a_400_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,11 +133,33 @@ def test_bad_schemas_name_json_schema_and_leave_the_engine_serving(llm: LLM) -> 
         SamplingParams(json_schema=[{"type": "string"}])
     with pytest.raises(ValueError, match="json_schema must hold JSON values"):
         SamplingParams(json_schema={"type": "number", "maximum": float("nan")})
-    for bad in ({"type": "nonsense"}, {"$ref": "#/$defs/missing"}):
-        with pytest.raises(ValueError, match="json_schema is not a schema xgrammar supports"):
+    with pytest.raises(ValueError, match="stop strings cannot be combined with json_schema"):
+        SamplingParams(json_schema={"type": "object"}, stop=["}"])
+    for bad, message in [({"type": "nonsense"}, "is not a schema xgrammar supports"),
+                         ({"$ref": "#/$defs/missing"}, "is not a schema xgrammar supports"),
+                         ({"type": "object", "required": ["zz"], "additionalProperties": False},
+                          "has no value: it requires 'zz'")]:
+        with pytest.raises(ValueError, match=f"json_schema {message}"):
             llm.engine.add_request("bad", [1, 2], SamplingParams(json_schema=bad))
         assert not llm.engine.has_request("bad")
     assert llm.generate(PROMPTS, [FREE, FREE_GREEDY], use_tqdm=False)[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("string", [{"type": "string", "maxLength": 4},
+                                    {"type": ["string", "null"], "minLength": 1, "maxLength": 4}])
+def test_bounded_strings_refuse_raw_control_characters(string: dict) -> None:
+    """A string bounded by lengths alone (of one type or of a type list) takes no raw
+    tab or control byte, which JSON forbids; the list's other types stay allowed."""
+    tokenizer = tiny_tokenizer()
+    compiled = GrammarCompiler(tokenizer, 512, (2,)).compile(json.dumps(string))
+
+    def accepts(text: str) -> bool:
+        matcher = xgrammar.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        return all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False)) \
+            and matcher.is_terminated()
+
+    assert accepts('"ab"') and not accepts('"a\tb"') and not accepts('"a\x01b"') and not accepts('"abcde"')
+    assert accepts("null") == isinstance(string["type"], list)
 
 
 def test_the_async_engine_compiles_off_the_event_loop(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:

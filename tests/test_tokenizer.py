@@ -67,6 +67,39 @@ def test_sentencepiece_bpe_with_byte_fallback(tmp_path) -> None:
     assert tok.special_token_ids == frozenset({0, 1, 2})
 
 
+def _spelled(tok: Tokenizer, text: str) -> bytes:
+    return b"".join(tok.token_bytes(t) for t in tok.encode(text, add_special_tokens=False))
+
+
+def test_token_bytes_are_each_tokens_own_bytes(byte_level: Tokenizer, tmp_path) -> None:
+    """Joined, the tokens' bytes are the text's, even where a character spans tokens (whose
+    decoded text is U+FFFD); special tokens are their text; SentencePiece keeps its spaces."""
+    split = byte_level.encode("é", add_special_tokens=False)
+    assert [byte_level.token_bytes(t) for t in split] == [b"\xc3", b"\xa9"]
+    assert byte_level.decode(split[:1]) == "\ufffd"
+    assert byte_level.token_bytes(2) == b"<|im_end|>"
+    sentencepiece = Tokenizer.from_gguf(write_tokenizer_gguf(tmp_path / "sp.gguf", kind="llama", add_bos=None))
+    for text in TEXTS:
+        assert _spelled(byte_level, text) == text.encode()
+        assert _spelled(sentencepiece, text) == b" " + text.encode()  # the vocabulary's prefix space
+    assert sentencepiece.token_bytes(2) == b"</s>"
+    with pytest.raises(ValueError, match="ids"):
+        byte_level.token_bytes(byte_level.vocab_size)
+
+
+@pytest.mark.slow
+def test_token_bytes_of_smollm2() -> None:
+    """SmolLM2's tokenizer (a cached GGUF) spells " 日" over three tokens."""
+    from sarathi_rt.models.hub import named_model_path
+
+    tok = Tokenizer.from_gguf(named_model_path("smollm2-135m-instruct"))
+    for text in TEXTS:
+        assert _spelled(tok, text) == text.encode()
+    ids = tok.encode(" 日", add_special_tokens=False)
+    assert [tok.token_bytes(t) for t in ids] == [b" \xe6", b"\x97", b"\xa5"]
+    assert all(tok.decode([t]).endswith("\ufffd") for t in ids)
+
+
 def test_from_dir_matches_transformers(tmp_path) -> None:
     transformers = pytest.importorskip("transformers")
     import tokenizers

@@ -90,7 +90,8 @@ class SamplingParams:
     the value is complete. It needs the optional xgrammar extra (`pip install
     'sarathi_rt[structured]'`) and the engine's tokenizer; the engine compiles it when the
     request is added and raises ValueError naming json_schema for one xgrammar does not
-    support. `{"type": "object"}` asks for any JSON object.
+    support. `{"type": "object"}` asks for any JSON object. It takes no `stop` strings,
+    which could cut the value short.
     """
 
     max_tokens: int = 16
@@ -132,6 +133,9 @@ class SamplingParams:
         object.__setattr__(self, "n", _int("n", self.n, 1, MAX_N + 1))
         if self.json_schema is not None:
             object.__setattr__(self, "json_schema", _schema(self.json_schema))
+            if self.stop:  # the grammar would end no value it cut: a "stop" answer that does not parse
+                raise ValueError("stop strings cannot be combined with json_schema: a stop string would cut "
+                                 "the value before it is complete")
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

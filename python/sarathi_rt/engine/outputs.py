@@ -1,6 +1,7 @@
 """What the engine reports about a request after each step."""
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Hashable, Iterator, NamedTuple, TypeVar, overload
@@ -74,7 +75,9 @@ class RequestOutput:
     which nothing predicts, then one per prompt token) when prompt_logprobs is. With a
     tokenizer, `text` is the text generated so far and `new_text` what this output adds
     to it (the stream's delta; it can be empty while a character or a possible stop
-    string is incomplete); without one both are None.
+    string is incomplete); without one both are None. `text_offsets` (with a tokenizer)
+    holds where the text of each token (but a final stop token, which has none) starts,
+    in characters; `num_text_tokens` counts the tokens that spell `text`.
 
     With SamplingParams(n > 1) every sample reports on its own, under the request's id
     with its `index` (0..n-1). LLM.generate and LLM.chat return one output per prompt:
@@ -94,11 +97,22 @@ class RequestOutput:
     prompt_logprobs: Sequence[TokenLogprob | None] | None = None
     index: int = 0
     samples: tuple[RequestOutput, ...] = ()
+    text_offsets: Sequence[int] | None = None
 
     @property
     def outputs(self) -> tuple[RequestOutput, ...]:
         """Every sample's output by index (LLM.generate / chat), or this one alone."""
         return self.samples or (self,)
+
+    @property
+    def num_text_tokens(self) -> int:
+        """How many of token_ids spell `text`: those whose text starts inside it. The last
+        may run on past the text, where a stop string that begins inside it cut the text;
+        the tokens after the cut, and those with no text at its end (the eos or stop token
+        that ended the request) are not counted. Without a tokenizer, every token."""
+        if self.text is None or self.text_offsets is None:
+            return len(self.token_ids)
+        return bisect.bisect_left(self.text_offsets, len(self.text))  # offsets never decrease
 
     @property
     def relegated(self) -> bool:

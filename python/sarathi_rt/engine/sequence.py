@@ -97,11 +97,12 @@ class SequenceState:
     def to_output(self, num_new: int) -> RequestOutput:
         """A snapshot after a step that generated the last `num_new` tokens."""
         out = self.output
-        text = new_text = None
+        text = new_text = offsets = None
         if self.detokenizer is not None:
             new_text = self.detokenizer.release(self.finish_reason is not None)
             text = self.detokenizer.released_text
+            offsets = Prefix(self.detokenizer.offsets)
         return RequestOutput(self.request_id, self.prompt, out[len(out) - num_new:], Prefix(out),
                              self.finish_reason is not None, self.finish_reason, self.metrics,
                              None if self.logprobs is None else Prefix(self.logprobs), text, new_text,
-                             self.prompt_logprobs, self.index)
+                             self.prompt_logprobs, self.index, text_offsets=offsets)

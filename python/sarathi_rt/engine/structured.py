@@ -83,7 +83,7 @@ class GrammarCompiler:
         """`schema` (JSON text) compiled, from the cache after the first time; safe from
         any thread. A schema xgrammar cannot compile raises ValueError naming json_schema."""
         try:
-            return self._compiler.compile_json_schema(_bounded_strings(schema), any_whitespace=False)
+            return self._compiler.compile_json_schema(_prepared(schema), any_whitespace=False)
         except RuntimeError as exc:  # xgrammar reports bad schemas as RuntimeError
             raise ValueError(f"json_schema is not a schema xgrammar supports: {_reason(exc)}") from None
 
@@ -97,24 +97,45 @@ class GrammarCompiler:
         return Grammar(matcher, self._xgr.allocate_token_bitmask(1, self._vocab_size))
 
 
-def _bounded_strings(schema: str) -> str:
-    """`schema` with every string bounded by minLength/maxLength alone written as the
-    same bound on a pattern of JSON's unescaped characters. xgrammar 0.2.9 compiles such
-    a string to [^"\\\r\n]{min,max}, which lets control characters through raw (invalid
-    JSON: a random model writes them), while its patterns exclude them."""
-    def rewrite(node: Any) -> Any:
+def _prepared(schema: str) -> str:
+    """`schema` as xgrammar is to compile it: every node checked by _satisfiable and
+    rewritten by _bounded_string."""
+    def walk(node: Any) -> Any:
         if isinstance(node, list):
-            return [rewrite(x) for x in node]
+            return [walk(x) for x in node]
         if not isinstance(node, dict):
             return node
-        node = {k: rewrite(v) for k, v in node.items()}
-        if node.get("type") == "string" and {"minLength", "maxLength"} & node.keys() and \
-                not {"pattern", "format", "enum", "const"} & node.keys():
-            low, high = node.pop("minLength", 0), node.pop("maxLength", "")
-            node["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{low},{high}}}$'
-        return node
+        node = {k: walk(v) for k, v in node.items()}
+        _satisfiable(node)
+        return _bounded_string(node)
 
-    return json.dumps(rewrite(json.loads(schema)))
+    return json.dumps(walk(json.loads(schema)))
+
+
+def _satisfiable(node: dict[str, Any]) -> None:
+    """Refuse an object that requires a property its additionalProperties: false forbids:
+    xgrammar compiles it to `{}`, which is no value of the schema."""
+    required, properties = node.get("required"), node.get("properties") or {}
+    if node.get("additionalProperties") is False and isinstance(required, list) and "patternProperties" not in node:
+        missing = [name for name in required if name not in properties]
+        if missing:
+            raise ValueError(f"json_schema has no value: it requires {missing[0]!r}, which its "
+                             "additionalProperties: false forbids (it is not in properties)")
+
+
+def _bounded_string(node: dict[str, Any]) -> dict[str, Any]:
+    """A string (or a type list with "string") bounded by minLength/maxLength alone, written
+    as the same bound on a pattern of JSON's unescaped characters. xgrammar 0.2.9 compiles
+    such a string to [^"\\\r\n]{min,max}, which lets control characters through raw (invalid
+    JSON: a random model writes them), while its patterns exclude them. A pattern
+    constrains only strings, so the other types of a list stay as they were."""
+    types = node.get("type")
+    string = types == "string" or isinstance(types, list) and "string" in types
+    if string and {"minLength", "maxLength"} & node.keys() and \
+            not {"pattern", "format", "enum", "const"} & node.keys():
+        low, high = node.pop("minLength", 0), node.pop("maxLength", "")
+        node["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{low},{high}}}$'
+    return node
 
 
 def _reason(exc: BaseException) -> str:

@@ -236,7 +236,7 @@ class OpenAIServer:
             # The engine names SamplingParams' json_schema, which a client sent as response_format.
             if body.response_format is not None and str(exc).startswith("json_schema"):
                 raise ApiError(400, f"response_format: {exc}", param="response_format") from None
-            raise ApiError(400, str(exc)) from None
+            raise ApiError(400, str(exc), param="stop" if str(exc).startswith("stop strings") else None) from None
         self._live[request_id] = queue
         return queue, request_id
 
@@ -279,7 +279,7 @@ class OpenAIServer:
             raise ApiError(499, "the request was aborted", kind="aborted")
         choices = [completion_body(request_id, self.model_name, chat, out.text, out.finish_reason, stream=False,
                                    token_ids=self._ids_without_text(out.token_ids),
-                                   logprobs=self._logprobs(chat, out, len(out.token_ids), 0), index=index,
+                                   logprobs=self._logprobs(chat, out, 0), index=index,
                                    service_tier=self._tier(body)) for index, out in sorted(finals.items())]
         response = choices[0] | {"choices": [c for one in choices for c in one["choices"]]}
         return response | {"usage": usage(num_prompt_tokens, sum(len(out.token_ids) for out in finals.values()))}
@@ -287,12 +287,17 @@ class OpenAIServer:
     def _ids_without_text(self, ids: Any) -> list[int] | None:
         return list(ids) if self.llm.tokenizer is None else None
 
-    def _logprobs(self, chat: bool, out: RequestOutput, count: int, text_offset: int) -> dict[str, Any] | None:
-        """The logprobs object of `out`'s last `count` tokens (None if not asked for)."""
+    def _logprobs(self, chat: bool, out: RequestOutput, first: int) -> dict[str, Any] | None:
+        """The logprobs object of `out`'s tokens from `first` on that spell its text so far
+        (None if not asked for). Only the returned text's tokens are scored: not the end
+        token, nor tokens after a stop string; a token that the stop string begins inside
+        is, so the last token's text may run on past the text (RequestOutput.num_text_tokens)."""
         if out.logprobs is None:
             return None
-        first = len(out.token_ids) - count
-        return logprobs_body(chat, out.token_ids[first:], out.logprobs[first:], self._token_text, text_offset)
+        end = out.num_text_tokens
+        offsets = None if out.text_offsets is None else out.text_offsets[first:end]
+        return logprobs_body(chat, out.token_ids[first:end], out.logprobs[first:end], self._token_text,
+                             self._token_bytes, offsets)
 
     def _token_text(self, token_id: int) -> str:
         """A token as text; without a tokenizer, vLLM's "token_id:<id>"."""
@@ -300,6 +305,12 @@ class OpenAIServer:
         if tokenizer is None:
             return f"token_id:{token_id}"
         return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token spells, which may be part of a character; without a
+        tokenizer, those of its "token_id:<id>" text."""
+        tokenizer = self.llm.tokenizer
+        return self._token_text(token_id).encode() if tokenizer is None else tokenizer.token_bytes(token_id)
 
     async def drain(self, timeout: float) -> None:
         """Refuse new requests (503), give running ones `timeout` seconds to finish, then
@@ -344,19 +355,19 @@ class OpenAIServer:
     async def _events(self, request_id: str, outputs: AsyncIterator[RequestOutput], chat: bool,
                       include_usage: bool, tier: str) -> AsyncIterator[str]:
         """One server-sent event per generated token of each choice (its text may be empty
-        while a character or a possible stop string is incomplete), then usage and [DONE]."""
+        while a character or a possible stop string is incomplete, and so its logprobs,
+        which follow the text), then usage and [DONE]."""
         last = None
-        text_offsets: dict[int, int] = {}  # per choice: its text so far, in characters
+        scored: dict[int, int] = {}  # per choice: the tokens whose logprobs were sent
         completion_tokens: dict[int, int] = {}
         try:
             async for out in outputs:
-                text_offset = text_offsets.get(out.index, 0)
                 chunk = completion_body(request_id, self.model_name, chat, out.new_text,
-                                        out.finish_reason, stream=True, role=chat and out.index not in text_offsets,
+                                        out.finish_reason, stream=True, role=chat and out.index not in scored,
                                         token_ids=self._ids_without_text(out.new_token_ids),
-                                        logprobs=self._logprobs(chat, out, len(out.new_token_ids), text_offset),
+                                        logprobs=self._logprobs(chat, out, scored.get(out.index, 0)),
                                         index=out.index, service_tier=tier)
-                text_offsets[out.index] = text_offset + len(out.new_text or "")
+                scored[out.index] = out.num_text_tokens
                 completion_tokens[out.index] = len(out.token_ids)
                 last = out
                 yield f"data: {json.dumps(chunk)}\n\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -244,24 +245,33 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def logprobs_body(chat: bool, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob],
-                  token_text: Callable[[int], str], text_offset: int = 0) -> dict[str, Any]:
+                  token_text: Callable[[int], str], token_bytes: Callable[[int], bytes],
+                  text_offsets: Sequence[int] | None) -> dict[str, Any]:
     """OpenAI's logprobs object for these tokens: chat's `content` list, or the legacy
-    completions' parallel lists (text_offset: where the first token's text starts in
-    the completion)."""
+    completions' parallel lists. text_offsets: where each token's text starts in the
+    completion's text; None (a model without a tokenizer has no text): where the text
+    of the token before it ends.
+
+    Chat's `bytes` are the token's own (part of a character, where its `token` text
+    shows U+FFFD). A completions `top_logprobs` dict is keyed by token text; tokens that
+    share a text there (two halves of different characters, both U+FFFD) are keyed by
+    vLLM's "token_id:<id>" instead, so no alternative is lost."""
     if chat:
         def entry(token: int, value: float) -> dict[str, Any]:
-            text = token_text(token)
-            return {"token": text, "logprob": value, "bytes": list(text.encode())}
+            return {"token": token_text(token), "logprob": value, "bytes": list(token_bytes(token))}
 
         return {"content": [entry(t, lp.logprob) | {"top_logprobs": [entry(i, v) for i, v in lp.top]}
                             for t, lp in zip(token_ids, logprobs)], "refusal": None}
+
+    def alternatives(top: tuple[tuple[int, float], ...]) -> dict[str, float]:
+        texts = [token_text(i) for i, _ in top]
+        return {text if texts.count(text) == 1 else f"token_id:{i}": v for text, (i, v) in zip(texts, top)}
+
     tokens = [token_text(t) for t in token_ids]
-    offsets = []
-    for token in tokens:
-        offsets.append(text_offset)
-        text_offset += len(token)
+    if text_offsets is None:
+        text_offsets = list(accumulate(map(len, tokens), initial=0))[:-1]
     return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{token_text(i): v for i, v in lp.top} for lp in logprobs], "text_offset": offsets}
+            "top_logprobs": [alternatives(lp.top) for lp in logprobs], "text_offset": list(text_offsets)}
 
 
 def completion_body(request_id: str, model: str, chat: bool, text: str | None, finish_reason: str | None,

@@ -30,7 +30,10 @@ class Detokenizer:
     """The text of one request's generated tokens.
 
     `append(token)` renders a token and says whether a stop string now appears (the text
-    is then cut where it starts: the stop string is not part of it). `release(finished)`
+    is then cut where it starts: the stop string is not part of it); `offsets[i]` is where
+    the text of the i-th appended token starts in `text` (a token with no text of its own
+    yet, such as the first byte of a character, starts where that character will; one cut
+    off by a stop string, at or past the end of the cut text). `release(finished)`
     returns the text not yet released. While stop strings are pending it keeps back the
     last len(longest stop) - 1 characters, which could still turn out to begin one, so a
     stream never shows text that is taken back."""
@@ -48,6 +51,7 @@ class Detokenizer:
         self._settled = self._decode(context)
         self.text = ""
         self._released = 0
+        self.offsets: list[int] = []
         self.stopped = False
 
     def _renders(self, token: int) -> bool:
@@ -61,6 +65,7 @@ class Detokenizer:
         """Render one generated token; True when a stop string ends the text here."""
         if self.stopped:
             raise RuntimeError("the request already met a stop string")
+        self.offsets.append(len(self.text))
         if not self._renders(token):
             return False
         self._window.append(token)

@@ -39,6 +39,8 @@ def _byte_level(split: str | None = None, digits: bool = False) -> pre_tokenizer
     return pre_tokenizers.Sequence(steps)
 
 
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's byte-fallback tokens
+
 # tokenizer.ggml.pre -> how that vocabulary's merges were learned to split text (the
 # regexes llama.cpp uses for these names).
 _BYTE_LEVEL_PRE = {
@@ -175,6 +177,18 @@ class Tokenizer:
         normalizer = json.dumps(backend.get("normalizer"))
         return strings, kind, '"Prepend"' in normalizer
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token `token_id` spells, which may be part of a UTF-8 character
+        (decode() shows such a token as U+FFFD); a SentencePiece token keeps its leading
+        space; an added or special token is its text ("<|im_end|>")."""
+        return self._token_bytes[self._check_ids([token_id])[0]]
+
+    @cached_property
+    def _token_bytes(self) -> list[bytes]:
+        strings, kind, _ = self.grammar_vocabulary()
+        added = {i: token.content for i, token in self._backend.get_added_tokens_decoder().items()}
+        return _spelled_bytes(strings, kind, added)
+
     def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
         """`text` -> ids; add_special_tokens adds what the vocabulary asks for (a BOS).
         parse_special=False reads the text of special tokens ("<|im_end|>") as plain
@@ -295,6 +309,30 @@ class Tokenizer:
             return env.from_string(self.chat_template)
         except jinja2.exceptions.TemplateSyntaxError as exc:
             raise ValueError(f"the chat template of {self.source or 'this model'} does not parse: {exc}") from exc
+
+
+def _spelled_bytes(strings: list[str], kind: str, added: dict[int, str]) -> list[bytes]:
+    """The bytes each vocabulary string stands for, read as grammar_vocabulary()'s `kind`
+    says; `added` tokens (id -> content) are written as plain text in any vocabulary."""
+    def spell(token_id: int, s: str) -> bytes:
+        if token_id in added:
+            return added[token_id].encode()
+        if kind == "byte_level":
+            return bytes(byte_of[c] for c in s)
+        if kind == "byte_fallback":
+            return bytes([int(s[3:5], 16)]) if _BYTE_PIECE.fullmatch(s) else s.replace("\u2581", " ").encode()
+        return s.encode()
+
+    byte_of = {char: byte for byte, char in enumerate(_byte_alphabet())}
+    return [spell(i, s) for i, s in enumerate(strings)]
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte
+    0..255 (itself when printable, else the next one from U+0100 on)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
 
 
 def _check_text(name: str, text: object) -> None:
