@@ -278,3 +278,32 @@ def test_under_overload_the_tight_class_keeps_its_deadlines():
     missed = {p: round(q["chat"].num_requests * (1 - q["chat"].attainment)) for p, q in runs.items()}
     assert missed["fcfs"] >= 10 * max(1, missed["deadline"])
     assert sum(q.goodput for q in runs["deadline"].values()) >= sum(q.goodput for q in runs["fcfs"].values())
+
+
+def test_the_head_gets_the_chunk_that_makes_its_deadline_with_every_decode_kept(monkeypatch):
+    """A step sized below what the best-ranked prompt needs (here forced to one prefill
+    token), when a chunk within the step limit with every decode kept would make its
+    first-token deadline: the step takes that chunk rather than leave the deadline on
+    the table (nobody needs to step aside)."""
+    from sarathi_rt.scheduler.policies.sarathi import SarathiScheduler
+
+    cost = LinearCostModel(fixed_s=0.01, per_token_s=1e-4)
+    cfg = SchedulerConfig(token_budget=512, max_num_seqs=8, num_blocks=512, qos_classes=CLASSES, default_qos="chat")
+    s = create_scheduler(cfg, cost)
+    s.add_request("d", 8, 50, arrival_time=0.0)
+    now = 0.0
+    while s.request_info("d").num_generated < 2:  # "d" decodes
+        plan = s.schedule(now)
+        now += cost.predict_shape(StepShape.of_plan(plan))
+        s.update(plan)
+    s.add_request("p", 300, 4, arrival_time=now - 0.45)  # 0.05 s left of its 0.5 s ttft: one chunk of 300 makes it
+    size_budget = SarathiScheduler._size_budget
+
+    def too_small(self, b, prefills, decodes):
+        size_budget(self, b, prefills, decodes)
+        b.budget = b.plan.num_decode_tokens + 1
+
+    monkeypatch.setattr(SarathiScheduler, "_size_budget", too_small)
+    plan = s.schedule(now)
+    assert {e.request_id for e in plan.entries} == {"d", "p"} and plan.num_prefill_tokens == 300
+    assert now + cost.predict_shape(StepShape.of_plan(plan)) <= now - 0.45 + 0.5

@@ -272,7 +272,8 @@ class SarathiScheduler(Scheduler):
         takes the larger chunk. A decode left out runs in the next step unless the same
         test holds again then, so under the predicted step times it is never late for
         it, and it is never starved; no decode steps aside when it would not save the
-        prompt (relegation deals with those)."""
+        prompt (relegation deals with those). When the step was sized below a chunk that
+        already makes the deadline with every decode in, it takes that chunk instead."""
         head, ahead = None, 0
         for r in pending:
             if not r.relegated and r.num_generated == 0:
@@ -302,11 +303,13 @@ class SarathiScheduler(Scheduler):
         if have > 0 and self._now + -(-tokens // have) * model.predict_shape(  # type: ignore[union-attr]
                 StepShape.hybrid(have, context, plan.num_decode_tokens, decode_kv)) <= due:
             return  # it makes its deadline at the chunk the step was sized to
+        kept_all = chunk(set())
+        if kept_all:  # it makes its deadline at a larger chunk with every decode in: take that one
+            self._take_chunk(b, kept_all, have)
+            return
         bound = two_step_bound(model, cfg.token_budget, self._running.values())  # type: ignore[arg-type]
         slack = sorted((r for r in b.reqs if r.next_deadline() > due and may_step_aside(r, self._now, bound)),
                        key=lambda r: -r.next_deadline())
-        if not slack or chunk(set()):
-            return  # nobody can step aside, or it makes its deadline at the largest chunk with every decode in
         k = 1
         while slack:
             k = min(k, len(slack))
@@ -314,13 +317,17 @@ class SarathiScheduler(Scheduler):
             n = chunk(out)
             if n:
                 self._leave_out(b, out)
-                b.budget = plan.num_decode_tokens + max(n, have)
-                if self._chunk_limit is not None:  # the cache binds: let the prompt take what it needs
-                    self._chunk_limit = max(self._chunk_limit, n)
+                self._take_chunk(b, n, have)
                 return
             if k == len(slack):
                 return
             k *= 2
+
+    def _take_chunk(self, b: StepBuilder, n: int, have: int) -> None:
+        """Let this step prefill `n` tokens (at least the `have` it was sized to)."""
+        b.budget = b.plan.num_decode_tokens + max(n, have)
+        if self._chunk_limit is not None:  # the cache binds: let the prompt take what it needs
+            self._chunk_limit = max(self._chunk_limit, n)
 
     @staticmethod
     def _leave_out(b: StepBuilder, ids: set) -> None:
