@@ -134,3 +134,43 @@ def test_bad_logprobs_are_400s_naming_the_field(served, client: openai.OpenAI, c
     with pytest.raises(openai.BadRequestError, match=param):
         create(model="tiny", max_tokens=2, **kwargs)
     assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).choices[0].text is not None
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_prompt_logprobs_are_vllms_and_the_librarys(served, client: openai.OpenAI, chat: bool) -> None:
+    """vLLM's extra field: each choice (and a stream's first chunk of each choice) carries
+    None for the first prompt token, then {token id: {logprob, rank, decoded_token}} for
+    the prompt's token and its alternatives, as the library scores them."""
+    server, _ = served
+    tok = server.llm.tokenizer
+    create = client.chat.completions.create if chat else client.completions.create
+    where = dict(messages=CONV) if chat else dict(prompt="hello world")
+    prompt = tok.apply_chat_template(CONV) if chat else tok.encode("hello world", parse_special=False)
+    args = dict(model="tiny", max_tokens=3, temperature=0.0, n=2, extra_body={"ignore_eos": True, "prompt_logprobs": 2},
+                **where)
+    ref = _expected(server, prompt, max_tokens=3, temperature=0.0, ignore_eos=True, prompt_logprobs=2).prompt_logprobs
+    whole = create(**args)
+    for choice in whole.choices:
+        got = choice.model_extra["prompt_logprobs"]
+        assert len(got) == len(prompt) and got[0] is None
+        for token, entry, lp in zip(prompt[1:], got[1:], ref[1:]):
+            assert entry[str(token)]["logprob"] == pytest.approx(lp.logprob, abs=1e-6)
+            assert entry[str(token)]["decoded_token"] == server._token_text(token)
+            for rank, (i, v) in enumerate(lp.top, 1):
+                assert entry[str(i)]["rank"] == rank and entry[str(i)]["logprob"] == pytest.approx(v, abs=1e-6)
+            assert set(entry) == {str(token)} | {str(i) for i, _ in lp.top}
+    firsts = {}
+    for chunk in create(stream=True, **args):
+        for choice in chunk.choices:
+            if choice.index not in firsts:
+                firsts[choice.index] = (choice.model_extra or {}).get("prompt_logprobs")
+            else:
+                assert (choice.model_extra or {}).get("prompt_logprobs") is None  # the first chunk only
+    assert firsts == {c.index: c.model_extra["prompt_logprobs"] for c in whole.choices}
+
+
+def test_bad_prompt_logprobs_are_400_naming_it(served, client: openai.OpenAI) -> None:
+    for value in (-1, 21, "2"):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model="tiny", prompt="hi", max_tokens=1, extra_body={"prompt_logprobs": value})
+        assert err.value.body["param"] == "prompt_logprobs"

@@ -43,7 +43,7 @@ from sarathi_rt.measure.metrics import RequestMetrics
 
 from .http import BodyLimit
 from .protocol import (ChatRequest, CompletionRequest, Limits, SamplingRequest, completion_body, describe,
-                       error_body, logprobs_body, usage)
+                       error_body, logprobs_body, prompt_logprobs_body, usage)
 from .stats import ServerStats
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's own log, so its level and format apply
@@ -280,9 +280,16 @@ class OpenAIServer:
         choices = [completion_body(request_id, self.model_name, chat, out.text, out.finish_reason, stream=False,
                                    token_ids=self._ids_without_text(out.token_ids),
                                    logprobs=self._logprobs(chat, out, 0), index=index,
-                                   service_tier=self._tier(body)) for index, out in sorted(finals.items())]
+                                   service_tier=self._tier(body), prompt_logprobs=self._prompt_logprobs(out))
+                   for index, out in sorted(finals.items())]
         response = choices[0] | {"choices": [c for one in choices for c in one["choices"]]}
         return response | {"usage": usage(num_prompt_tokens, sum(len(out.token_ids) for out in finals.values()))}
+
+    def _prompt_logprobs(self, out: RequestOutput) -> list[dict[str, dict[str, Any]] | None] | None:
+        """vLLM's prompt_logprobs of `out`'s prompt (None if not asked for)."""
+        if out.prompt_logprobs is None:
+            return None
+        return prompt_logprobs_body(out.prompt_token_ids, out.prompt_logprobs, self._token_text)
 
     def _ids_without_text(self, ids: Any) -> list[int] | None:
         return list(ids) if self.llm.tokenizer is None else None
@@ -366,7 +373,8 @@ class OpenAIServer:
                                         out.finish_reason, stream=True, role=chat and out.index not in scored,
                                         token_ids=self._ids_without_text(out.new_token_ids),
                                         logprobs=self._logprobs(chat, out, scored.get(out.index, 0)),
-                                        index=out.index, service_tier=tier)
+                                        index=out.index, service_tier=tier,
+                                        prompt_logprobs=None if out.index in scored else self._prompt_logprobs(out))
                 scored[out.index] = out.num_text_tokens
                 completion_tokens[out.index] = len(out.token_ids)
                 last = out

@@ -24,7 +24,7 @@ UNSUPPORTED = frozenset({
     "store", "metadata", "web_search_options", "repetition_penalty", "min_tokens", "min_p", "stop_token_ids",
     "bad_words", "allowed_token_ids", "include_stop_str_in_output", "skip_special_tokens", "chat_template",
     "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "use_beam_search",
-    "length_penalty", "truncate_prompt_tokens", "prompt_logprobs", "guided_json", "guided_regex",
+    "length_penalty", "truncate_prompt_tokens", "guided_json", "guided_regex",
     "guided_choice", "guided_grammar", "structural_tag", "name", "tool_calls", "tool_call_id", "refusal"})
 
 
@@ -117,6 +117,8 @@ class SamplingRequest(Strict):
     user: Optional[str] = None
     service_tier: Optional[str] = None
     response_format: Optional[ResponseFormat] = None
+    # vLLM's extension: each prompt token's log probability and this many alternatives.
+    prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @model_validator(mode="after")
     def _supported(self) -> SamplingRequest:
@@ -135,6 +137,7 @@ class SamplingRequest(Strict):
         return SamplingParams(max_tokens=self.max_tokens or max_tokens, temperature=self.temperature,
                               top_k=self.top_k, top_p=self.top_p, seed=self.seed, stop=tuple(stop),
                               ignore_eos=self.ignore_eos, logprobs=self.num_logprobs, n=self.n,
+                              prompt_logprobs=self.prompt_logprobs,
                               json_schema=None if self.response_format is None
                               else self.response_format.json_schema_value)
 
@@ -274,16 +277,38 @@ def logprobs_body(chat: bool, token_ids: Sequence[int], logprobs: Sequence[Token
             "top_logprobs": [alternatives(lp.top) for lp in logprobs], "text_offset": list(text_offsets)}
 
 
+def prompt_logprobs_body(prompt: Sequence[int], scored: Sequence[TokenLogprob | None],
+                         token_text: Callable[[int], str]) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs` of a choice: None for the first prompt token (nothing
+    predicts it), then per token {token id: {"logprob", "rank", "decoded_token"}} for the
+    prompt's own token and its alternatives. `rank` is 1 for the most likely token; null
+    for a prompt token outside the alternatives (the engine returns no rank beyond them)."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for token, lp in zip(prompt, scored):
+        if lp is None:
+            out.append(None)
+            continue
+        ranks = {i: r for r, (i, _) in enumerate(lp.top, 1)}
+        entry = {str(token): {"logprob": lp.logprob, "rank": ranks.get(token), "decoded_token": token_text(token)}}
+        out.append(entry | {str(i): {"logprob": v, "rank": ranks[i], "decoded_token": token_text(i)}
+                            for i, v in lp.top if i != token})
+    return out
+
+
 def completion_body(request_id: str, model: str, chat: bool, text: str | None, finish_reason: str | None,
                     stream: bool, role: bool = False, token_ids: list[int] | None = None,
                     logprobs: dict[str, Any] | None = None, index: int = 0,
-                    service_tier: str | None = None) -> dict[str, Any]:
+                    service_tier: str | None = None,
+                    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None) -> dict[str, Any]:
     """One response (stream=False) or chunk of a stream, with a single choice; token_ids
     (vLLM's name) carry the output of a model without a tokenizer, which has no text.
-    service_tier: the tier that served the request, echoed as OpenAI does."""
+    service_tier: the tier that served the request, echoed as OpenAI does.
+    prompt_logprobs (vLLM's): prompt_logprobs_body's list, in a choice's response or first chunk."""
     choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason, "logprobs": logprobs}
     if token_ids is not None:
         choice["token_ids"] = token_ids
+    if prompt_logprobs is not None:
+        choice["prompt_logprobs"] = prompt_logprobs
     if not chat:
         choice["text"] = text or ""
         kind = "text_completion"
