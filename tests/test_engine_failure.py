@@ -106,4 +106,8 @@ def test_the_server_reports_a_failed_engine_and_shuts_down() -> None:
     assert uv.engine_failed
     assert llm.engine.scheduler.num_free_blocks == OPTS["num_kv_blocks"]
     # Each failed request counted once, as an error (not also as an abort); the late one as refused.
-    assert server.stats.requests["error"] == 2 and server.stats.requests["abort"] == 0
+    from metrics_text import samples
+
+    got = samples(server.stats.render()[0].decode())
+    assert got['sarathi_rt:request_failures_total{reason="error"}'] == 2
+    assert got['sarathi_rt:request_success_total{finished_reason="abort"}'] == 0
