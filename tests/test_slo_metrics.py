@@ -169,3 +169,22 @@ def test_server_stats_count_a_request_of_several_samples_once() -> None:
         stats.finished([("stop", sample([1.0])), ("stop", sample([1.0]))], num_samples=1)
     refused = _scraped(stats)  # refused calls count nothing
     assert sum(v for k, v in refused.items() if k.startswith(p + "request_success_total")) == 3
+
+
+def test_every_series_is_documented() -> None:
+    """docs/metrics.md names every series /metrics has, QoS ones included, and no other."""
+    pytest.importorskip("prometheus_client")
+    import re
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sarathi_rt.scheduler import QoSClass
+    from sarathi_rt.server.stats import ServerStats
+
+    engine = _engine([], qos_classes={"chat": QoSClass(ttft=2.0, tbt=1.5)})
+    stats = ServerStats(engine, "tiny")  # type: ignore[arg-type]
+    families = text_string_to_metric_families(stats.render()[0].decode())
+    served = {f.name + ("_total" if f.type == "counter" else "") for f in families if not f.name.endswith("_created")}
+    docs = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    assert served == set(re.findall(r"sarathi_rt:[a-z0-9_]+", docs))
