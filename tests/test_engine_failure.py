@@ -11,30 +11,12 @@ import time
 import pytest
 
 from sarathi_rt import LLM, SamplingParams
-from sarathi_rt.engine import LLMEngine
 
+from engine_faults import Boom, break_after
 from text_models import tiny_tokenizer
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 OPTS = dict(num_kv_blocks=64, block_size=8, token_budget=32, chunk_size=16, max_num_seqs=8)
-
-
-class Boom(RuntimeError):
-    pass
-
-
-def _break_after(engine: LLMEngine, calls: int) -> None:
-    """The model's forward raises Boom from its `calls`-th call on."""
-    model = engine.executor.worker.model
-    forward, seen = model.forward, [0]
-
-    def failing(*args: object, **kwargs: object) -> object:
-        seen[0] += 1
-        if seen[0] >= calls:
-            raise Boom("the forward raised (injected)")
-        return forward(*args, **kwargs)
-
-    model.forward = failing  # type: ignore[method-assign]
 
 
 def test_a_forward_that_raises_ends_every_request_and_frees_every_block() -> None:
@@ -43,7 +25,7 @@ def test_a_forward_that_raises_ends_every_request_and_frees_every_block() -> Non
     for i in range(5):
         engine.add_request(i, list(range(3, 3 + 7 * (i + 1))), GREEDY)
     engine.step()
-    _break_after(engine, 1)
+    break_after(engine, 1)
     with pytest.raises(Boom):
         while engine.has_unfinished():
             engine.step()
@@ -77,7 +59,7 @@ def test_the_server_reports_a_failed_engine_and_shuts_down() -> None:
     body = {"model": "tiny", "prompt": "hello world", "max_tokens": 40, "temperature": 0.0, "ignore_eos": True}
     with httpx.Client(base_url=base, timeout=60) as client:
         assert client.get("/health").json() == {"status": "ok"}
-        _break_after(llm.engine, 4)  # the stream's and the whole request's first steps run
+        break_after(llm.engine, 4)  # the stream's and the whole request's first steps run
         results: dict[str, object] = {}
 
         def whole() -> None:
@@ -106,4 +88,8 @@ def test_the_server_reports_a_failed_engine_and_shuts_down() -> None:
     assert uv.engine_failed
     assert llm.engine.scheduler.num_free_blocks == OPTS["num_kv_blocks"]
     # Each failed request counted once, as an error (not also as an abort); the late one as refused.
-    assert server.stats.requests["error"] == 2 and server.stats.requests["abort"] == 0
+    from metrics_text import samples
+
+    got = samples(server.stats.render()[0].decode())
+    assert got['sarathi_rt:request_failures_total{reason="error"}'] == 2
+    assert got['sarathi_rt:request_success_total{finished_reason="abort"}'] == 0

@@ -4,6 +4,7 @@ requests, overload, /v1/models, /health and /metrics."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 
@@ -14,6 +15,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from http_servers import running  # noqa: E402
+from metrics_text import scrape  # noqa: E402
 from text_models import tiny_tokenizer  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
 from sarathi_rt.server import OpenAIServer  # noqa: E402
@@ -40,16 +42,11 @@ def client(served) -> openai.OpenAI:
     return openai.OpenAI(base_url=served[1], api_key="none", max_retries=0, timeout=60)
 
 
-def _metrics(base: str) -> dict[str, float]:
-    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
-    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
-
-
 def _wait_idle(base: str) -> dict[str, float]:
     deadline = time.monotonic() + 15
     while True:
-        m = _metrics(base)
-        if m["sarathi_rt_kv_blocks_in_use"] == 0 and m["sarathi_rt_requests_running"] == 0 or \
+        m = scrape(base)
+        if m["sarathi_rt:kv_cache_usage_perc"] == 0 and m["sarathi_rt:num_requests_running"] == 0 or \
                 time.monotonic() > deadline:
             return m
         time.sleep(0.05)
@@ -100,7 +97,7 @@ def test_32_concurrent_clients(served) -> None:
         aclient = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
         return await asyncio.gather(*(one(aclient, i) for i in range(32)))
 
-    before = _metrics(base)
+    before = scrape(base)
     texts = asyncio.run(run())
     # i and i + 16 have the same prompt and seed (one streamed, one not): the same text
     # with max_tokens 6 + i % 5 vs 6 + (i + 16) % 5 tokens, so one is a prefix of the other
@@ -108,10 +105,9 @@ def test_32_concurrent_clients(served) -> None:
         a, b = texts[i], texts[i + 16]
         assert a.startswith(b) or b.startswith(a)
     after = _wait_idle(base)
-    assert after["sarathi_rt_kv_blocks_in_use"] == 0
-    # A status's counter appears with its first request: absent before means 0.
-    length = 'sarathi_rt_requests_total{status="length"}'
-    assert after[length] - before.get(length, 0.0) == 32
+    assert after["sarathi_rt:kv_cache_usage_perc"] == 0
+    length = 'sarathi_rt:request_success_total{finished_reason="length"}'
+    assert after[length] - before[length] == 32
 
 
 def test_a_client_leaving_mid_stream_frees_its_blocks(served, client: openai.OpenAI) -> None:
@@ -123,11 +119,11 @@ def test_a_client_leaving_mid_stream_frees_its_blocks(served, client: openai.Ope
         it = iter(stream)
         for _ in range(3):
             next(it)
-        assert _metrics(base)["sarathi_rt_kv_blocks_in_use"] > 0
+        assert scrape(base)["sarathi_rt:kv_cache_usage_perc"] > 0
         stream.close()
         m = _wait_idle(base)
-        assert m["sarathi_rt_kv_blocks_in_use"] == 0 and m["sarathi_rt_requests_running"] == 0
-    assert m['sarathi_rt_requests_total{status="abort"}'] >= 2
+        assert m["sarathi_rt:kv_cache_usage_perc"] == 0 and m["sarathi_rt:num_requests_running"] == 0
+    assert m['sarathi_rt:request_success_total{finished_reason="abort"}'] >= 2
     assert not server.llm.engine.has_unfinished()
 
 
@@ -191,22 +187,22 @@ def test_overload_answers_503(served, monkeypatch: pytest.MonkeyPatch) -> None:
         server.max_waiting = 64
         gate.set()
     assert sorted(codes) == [200] * 2 + [503] * 10
-    assert _wait_idle(base)["sarathi_rt_kv_blocks_in_use"] == 0
+    assert _wait_idle(base)["sarathi_rt:kv_cache_usage_perc"] == 0
 
 
-def test_models_health_and_metrics(served) -> None:
+def test_models_health_andscrape(served) -> None:
     server, base, _ = served
     assert httpx.get(base.removesuffix("/v1") + "/health").status_code == 200
     models = httpx.get(base + "/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"] and models["data"][0]["max_model_len"] == 1024
-    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
-    assert "# TYPE sarathi_rt_time_to_first_token_seconds histogram" in text
-    m = _metrics(base)
-    assert m['sarathi_rt_time_to_first_token_seconds_bucket{le="+Inf"}'] == m["sarathi_rt_time_to_first_token_seconds_count"] > 0
-    assert m["sarathi_rt_time_between_tokens_seconds_count"] > 0
-    assert m["sarathi_rt_kv_blocks_total"] == 256 and m["sarathi_rt_requests_waiting"] == 0
-    assert m["sarathi_rt_slo_window_requests"] > 0 and m["sarathi_rt_time_between_tokens_max_seconds"] > 0
-    assert 0 <= m["sarathi_rt_prefill_wait_share"] <= 1 and "sarathi_rt_goodput_requests_per_second NaN" in text
+    m = scrape(base)
+    p = "sarathi_rt:"
+    assert m[f"histogram {p}time_to_first_token_seconds"] == 1
+    assert m[f'{p}time_to_first_token_seconds_bucket{{le="+Inf"}}'] == m[f"{p}time_to_first_token_seconds_count"] > 0
+    assert m[f"{p}inter_token_latency_seconds_count"] > 0
+    assert m[f"{p}num_requests_waiting"] == 0
+    assert m[f"{p}slo_window_requests"] > 0 and m[f"{p}inter_token_latency_max_seconds"] > 0
+    assert 0 <= m[f"{p}prefill_wait_share"] <= 1 and math.isnan(m[f"{p}goodput_requests_per_second"])
 
 
 def test_bench_replays_a_workload_against_the_endpoint(served, tmp_path, capsys) -> None:
@@ -225,7 +221,7 @@ def test_bench_replays_a_workload_against_the_endpoint(served, tmp_path, capsys)
     assert [r.num_generated_tokens for r in measured] == [w.num_decode_tokens for w in workload]
     assert [r.num_prompt_tokens for r in measured] == [w.num_prompt_tokens for w in workload]
     assert all(r.ttft > 0 and r.finish_time >= r.token_times[-1] for r in measured)
-    assert _wait_idle(base)["sarathi_rt_kv_blocks_in_use"] == 0
+    assert _wait_idle(base)["sarathi_rt:kv_cache_usage_perc"] == 0
 
 
 def test_serve_command_rejects_bad_flags(capsys) -> None:

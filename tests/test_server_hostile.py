@@ -25,6 +25,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from metrics_text import scrape  # noqa: E402
 from text_models import tiny_tokenizer  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
 from sarathi_rt.server import DrainingServer, Limits, OpenAIServer  # noqa: E402
@@ -79,13 +80,8 @@ def _still_greedy(base: str, expected: str) -> None:
     assert _greedy(base).json()["choices"][0]["text"] == expected
 
 
-def _metrics(base: str) -> dict[str, float]:
-    text = httpx.get(base + "/metrics").text
-    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
-
-
 def _bad_requests(base: str) -> float:
-    return _metrics(base).get('sarathi_rt_requests_total{status="bad_request"}', 0.0)
+    return scrape(base)['sarathi_rt:request_failures_total{reason="bad_request"}']
 
 
 def _openai_error(r: httpx.Response, status: int, kind: str = "invalid_request_error") -> dict:
@@ -390,7 +386,7 @@ def test_deadlines_and_ttft_count_from_arrival_at_the_server(served, monkeypatch
     sent = time.perf_counter()
     assert httpx.post(base + "/v1/completions", timeout=60,
                       json={"prompt": "hello", "max_tokens": 2}).status_code == 200
-    (metrics,) = server.stats.recent[-1]  # its one sample
+    (metrics,), _ = server.stats.recent[-1]  # its one sample
     assert sent <= metrics.arrival_time < sent + 0.25
     assert metrics.ttft is not None and metrics.ttft >= 0.5
     monkeypatch.undo()
@@ -491,9 +487,9 @@ def test_64_streaming_clients_8_rounds_with_disconnects_and_a_10mb_prompt() -> N
                     prober.join()
                 deadline = time.monotonic() + 15
                 while True:
-                    m = _metrics(base)
-                    idle = m["sarathi_rt_kv_blocks_in_use"] == m["sarathi_rt_requests_running"] == \
-                        m["sarathi_rt_requests_waiting"] == 0
+                    m = scrape(base)
+                    idle = m["sarathi_rt:kv_cache_usage_perc"] == m["sarathi_rt:num_requests_running"] == \
+                        m["sarathi_rt:num_requests_waiting"] == 0
                     if idle or time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.05)

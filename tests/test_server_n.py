@@ -10,9 +10,10 @@ import pytest
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
-httpx = pytest.importorskip("httpx")
+pytest.importorskip("httpx")
 
 from http_servers import tiny_server  # noqa: E402
+from metrics_text import scrape  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
 from sarathi_rt.sampling import MAX_N  # noqa: E402
 from sarathi_rt.server import OpenAIServer  # noqa: E402
@@ -51,6 +52,7 @@ def _idle(server: OpenAIServer) -> bool:
     return not engine.has_unfinished() and engine.scheduler.num_free_blocks == BLOCKS
 
 
+ABORTED = 'sarathi_rt:request_success_total{finished_reason="abort"}'
 ARGS = dict(model="tiny", max_tokens=6, temperature=0.8, seed=3, extra_body={"ignore_eos": True})
 
 
@@ -118,34 +120,32 @@ def test_leaving_an_n_stream_aborts_every_sample(served, client: openai.OpenAI) 
 
 
 def test_leaving_a_whole_n_response_aborts_every_sample(served, client: openai.OpenAI) -> None:
-    server, _ = served
-    aborted = server.stats.requests["abort"]
+    server, base = served
+    aborted = scrape(base)[ABORTED]
     with pytest.raises(openai.APITimeoutError):  # the client gives up and closes its connection
         client.with_options(timeout=0.5).completions.create(model="tiny", prompt="hello world", max_tokens=900, n=4,
                                                             temperature=0.0, extra_body={"ignore_eos": True})
     assert _idle(server)
-    assert server.stats.requests["abort"] - aborted == 1  # one request, every sample long before its 900 tokens
-
-
-def _metrics(base: str) -> dict[str, float]:
-    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
-    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
+    assert scrape(base)[ABORTED] - aborted == 1  # one request, every sample long before its 900 tokens
 
 
 def test_metrics_count_an_n_request_once(served, client: openai.OpenAI) -> None:
     server, base = served
     prompt_tokens = len(server.llm.tokenizer.encode("hello world", parse_special=False))
-    before = _metrics(base)
+    before = scrape(base)
     client.completions.create(prompt="hello world", n=3, **ARGS)
     list(client.completions.create(prompt="hello world", n=2, stream=True, **ARGS))
     assert _idle(server)
-    after = _metrics(base)
-    delta = {name: after[name] - before.get(name, 0.0) for name in after}
-    assert delta['sarathi_rt_requests_total{status="length"}'] == 2
-    assert sum(v for k, v in delta.items() if k.startswith("sarathi_rt_requests_total")) == 2
-    assert delta["sarathi_rt_prompt_tokens_total"] == 2 * prompt_tokens
-    assert delta["sarathi_rt_time_to_first_token_seconds_count"] == 2
-    assert delta["sarathi_rt_request_max_time_between_tokens_seconds_count"] == 2
+    after = scrape(base)
+    delta = {name: after[name] - before[name] for name in after}
+    p = "sarathi_rt:"
+    assert delta[f'{p}request_success_total{{finished_reason="length"}}'] == 2
+    assert sum(v for k, v in delta.items() if k.startswith(f"{p}request_success_total")) == 2
+    assert delta[f"{p}prompt_tokens_total"] == 2 * prompt_tokens
+    for once in ("time_to_first_token_seconds", "request_max_inter_token_latency_seconds",
+                 "e2e_request_latency_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
+                 "request_decode_time_seconds"):
+        assert delta[f"{p}{once}_count"] == 2, once
     # Every sample's 6 tokens and 5 gaps.
-    assert delta["sarathi_rt_generation_tokens_total"] == 5 * 6
-    assert delta["sarathi_rt_time_between_tokens_seconds_count"] == 5 * 5
+    assert delta[f"{p}generation_tokens_total"] == 5 * 6
+    assert delta[f"{p}inter_token_latency_seconds_count"] == 5 * 5

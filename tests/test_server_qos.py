@@ -9,9 +9,10 @@ import pytest
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
-httpx = pytest.importorskip("httpx")
+pytest.importorskip("httpx")
 
 from http_servers import running  # noqa: E402
+from metrics_text import scrape  # noqa: E402
 from text_models import tiny_tokenizer  # noqa: E402
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
 from sarathi_rt.scheduler import QoSClass  # noqa: E402
@@ -22,11 +23,6 @@ pytestmark = pytest.mark.slow  # starts a server on loopback
 TIERS = {"priority": QoSClass(ttft=30.0, tbt=10.0, priority=2), "default": QoSClass(ttft=60.0, tbt=10.0, priority=1),
          "flex": QoSClass(ttft=1e-6, tbt=1e-6)}  # flex: hopeless, so always relegated
 GREEDY = {"temperature": 0.0, "max_tokens": 6, "extra_body": {"ignore_eos": True}}
-
-
-def _metrics(base: str) -> dict[str, float]:
-    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
-    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
 
 
 @pytest.fixture(scope="module")
@@ -56,28 +52,28 @@ def test_service_tier_selects_the_class_and_is_echoed(served) -> None:
         client.chat.completions.create(service_tier="gold", **chat)  # type: ignore[arg-type]
     assert "service_tier" in str(err.value) and err.value.body["param"] == "service_tier"
     assert client.completions.create(model="tiny", prompt="hello world", **GREEDY).choices[0].text == expected
-    metrics = _metrics(base)
-    assert metrics['sarathi_rt_qos_requests_total{qos_class="default"}'] == 3
-    assert metrics['sarathi_rt_qos_requests_total{qos_class="priority"}'] == 2
-    assert metrics['sarathi_rt_qos_attainment{qos_class="default"}'] == 1.0
-    assert metrics['sarathi_rt_qos_relegated_total{qos_class="flex"}'] == 2
-    assert metrics['sarathi_rt_qos_attained_total{qos_class="flex"}'] == 0
+    metrics = scrape(base)
+    assert metrics['sarathi_rt:qos_requests_total{qos_class="default"}'] == 3
+    assert metrics['sarathi_rt:qos_requests_total{qos_class="priority"}'] == 2
+    assert metrics['sarathi_rt:qos_attainment{qos_class="default"}'] == 1.0
+    assert metrics['sarathi_rt:qos_relegated_total{qos_class="flex"}'] == 2
+    assert metrics['sarathi_rt:qos_attained_total{qos_class="flex"}'] == 0
 
 
 def test_metrics_count_an_n_request_once_per_class(served) -> None:
     base, _ = served
     client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=60)
-    before = _metrics(base)
+    before = scrape(base)
     for tier in ("flex", "default"):
         body = {"ignore_eos": True, "service_tier": tier}
         out = client.completions.create(model="tiny", prompt="hello world", n=3, **GREEDY | {"extra_body": body})
         assert len(out.choices) == 3
-    after = _metrics(base)
-    delta = {name: after[name] - before[name] for name in after if name.startswith("sarathi_rt_qos_")}
+    after = scrape(base)
+    delta = {name: after[name] - before[name] for name in after if name.startswith("sarathi_rt:qos_")}
     for tier, attained, relegated in (("flex", 0, 1), ("default", 1, 0)):  # every sample of flex is relegated
-        assert delta[f'sarathi_rt_qos_requests_total{{qos_class="{tier}"}}'] == 1
-        assert delta[f'sarathi_rt_qos_attained_total{{qos_class="{tier}"}}'] == attained
-        assert delta[f'sarathi_rt_qos_relegated_total{{qos_class="{tier}"}}'] == relegated
+        assert delta[f'sarathi_rt:qos_requests_total{{qos_class="{tier}"}}'] == 1
+        assert delta[f'sarathi_rt:qos_attained_total{{qos_class="{tier}"}}'] == attained
+        assert delta[f'sarathi_rt:qos_relegated_total{{qos_class="{tier}"}}'] == relegated
 
 
 def test_a_server_without_classes_takes_auto_only() -> None:

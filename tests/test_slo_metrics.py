@@ -43,47 +43,99 @@ def test_predicted_duration_round_trips_through_csv(tmp_path) -> None:
     assert load_steps_csv(tmp_path / "s.csv") == steps
 
 
-def test_server_metrics_export_the_same_slo_numbers() -> None:
-    """/metrics' SLO gauges and counters are slo_metrics' over the finished requests and
-    the engine's steps: one definition for bench, capacity and the server."""
-    pytest.importorskip("fastapi")
+def _engine(steps: list[StepMetrics], qos_classes: dict | None = None) -> object:
+    """What ServerStats reads of an engine: 2 of 8 KV blocks in use, 1 request running,
+    2 waiting, 3 preemptions, 40 prompt tokens looked up in the prefix cache, 16 hits."""
     from types import SimpleNamespace
 
+    from sarathi_rt.scheduler.prefix_cache import PrefixCacheStats
+
+    return SimpleNamespace(step_metrics=steps, num_preemptions=3, prefix_cache_stats=lambda: PrefixCacheStats(40, 16),
+                           scheduler_config=SimpleNamespace(num_blocks=8, qos_classes=qos_classes),
+                           scheduler=SimpleNamespace(num_running=1, num_waiting=2, num_free_blocks=6))
+
+
+def _scraped(stats) -> dict[str, float]:
+    from metrics_text import samples
+
+    body, content_type = stats.render()
+    assert content_type.startswith("text/plain; version=0.0.4")
+    return samples(body.decode())
+
+
+def test_server_metrics_export_the_same_slo_numbers() -> None:
+    """/metrics' SLO gauges and counters are slo_metrics' over the finished requests and
+    the engine's steps: one definition for bench, capacity and the server; the request
+    phases are RequestMetrics'; the engine's gauges and counters are read at scrape time."""
+    pytest.importorskip("prometheus_client")
     from sarathi_rt.server.stats import ServerStats
 
     requests, steps = _timeline()
-    engine = SimpleNamespace(step_metrics=steps, scheduler_config=SimpleNamespace(num_blocks=8),
-                             scheduler=SimpleNamespace(num_running=0, num_waiting=0, num_free_blocks=8))
-    stats = ServerStats(ttft_target=3.0, tbt_target=2.0)
+    stats = ServerStats(_engine(steps), "tiny", ttft_target=3.0, tbt_target=2.0)  # type: ignore[arg-type]
     for r in requests:
         stats.finished([("length", r)])
-    text = stats.render(engine)  # type: ignore[arg-type]
-    samples = {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
+    got = _scraped(stats)
     m = slo_metrics(requests, steps, 3.0, 2.0)
-    assert samples["sarathi_rt_time_between_tokens_p999_seconds"] == m.tbt_p999
-    assert samples["sarathi_rt_time_between_tokens_max_seconds"] == m.tbt_max == 2.0
-    assert samples["sarathi_rt_prefill_wait_share"] == m.prefill_wait_share == pytest.approx(0.5)
-    assert samples["sarathi_rt_goodput_requests_per_second"] == m.goodput == pytest.approx(0.5)
-    assert samples["sarathi_rt_requests_good_total"] == 2 and samples["sarathi_rt_slo_window_requests"] == 2
-    assert samples['sarathi_rt_request_max_time_between_tokens_seconds_bucket{le="+Inf"}'] == 1  # b has no gap
-    assert "# TYPE sarathi_rt_prefill_wait_share gauge" in text
-    untargeted = ServerStats().render(engine)  # type: ignore[arg-type]
-    assert "sarathi_rt_goodput_requests_per_second NaN" in untargeted
-    assert "sarathi_rt_requests_good_total 0" in untargeted
+    p = "sarathi_rt:"
+    assert got[p + "inter_token_latency_p999_seconds"] == m.tbt_p999
+    assert got[p + "inter_token_latency_max_seconds"] == m.tbt_max == 2.0
+    assert got[p + "prefill_wait_share"] == m.prefill_wait_share == pytest.approx(0.5)
+    assert got[p + "goodput_requests_per_second"] == m.goodput == pytest.approx(0.5)
+    assert got[p + "good_requests_total"] == 2 and got[p + "slo_window_requests"] == 2
+    assert got[p + "generation_stalls"] == 0  # gaps of 1 and 2 s; the median step takes 1 s
+    assert got[f'{p}request_max_inter_token_latency_seconds_bucket{{le="+Inf"}}'] == 1  # b has no gap
+    assert got["gauge sarathi_rt:prefill_wait_share"] == got["histogram sarathi_rt:e2e_request_latency_seconds"] == 1
+    assert got[f'{p}request_success_total{{finished_reason="length"}}'] == 2
+    assert got[f'{p}request_success_total{{finished_reason="abort"}}'] == 0  # shown before the first one
+    assert got[p + "prompt_tokens_total"] == 8 + 3 and got[p + "generation_tokens_total"] == 3 + 1
+    # (count, sum) of each phase: a arrives at 0, runs at 0, first token 1, last 4; b: 1.5, 2, 4, 4.
+    for name, count, total in (("time_to_first_token_seconds", 2, 1.0 + 2.5),
+                               ("inter_token_latency_seconds", 2, 1.0 + 2.0),
+                               ("e2e_request_latency_seconds", 2, 4.0 + 2.5),
+                               ("request_queue_time_seconds", 2, 0.0 + 0.5),
+                               ("request_prefill_time_seconds", 2, 1.0 + 2.0),
+                               ("request_decode_time_seconds", 2, 3.0 + 0.0)):
+        assert (got[f"{p}{name}_count"], got[f"{p}{name}_sum"]) == (count, pytest.approx(total)), name
+    assert (got[p + "num_requests_running"], got[p + "num_requests_waiting"]) == (1, 2)
+    assert got[p + "kv_cache_usage_perc"] == 2 / 8
+    assert got[p + "num_preemptions_total"] == 3
+    assert (got[p + "prefix_cache_queries_total"], got[p + "prefix_cache_hits_total"]) == (40, 16)
+    # A gap of 10.5 s, over 5x the median step: a stall.
+    stats.finished([("stop", RequestMetrics(5.0, 2, 5.0, 5.5, [5.5, 16.0], 16.0))])
+    assert _scraped(stats)[p + "generation_stalls"] == 1
+    untargeted = _scraped(ServerStats(_engine(steps), "tiny"))  # type: ignore[arg-type]
+    assert math.isnan(untargeted[p + "goodput_requests_per_second"]) and untargeted[p + "good_requests_total"] == 0
     with pytest.raises(ValueError, match="tbt_target"):
-        ServerStats(tbt_target=0.0)
+        ServerStats(_engine(steps), "tiny", tbt_target=0.0)  # type: ignore[arg-type]
+
+
+def test_server_stats_count_failures_by_reason() -> None:
+    pytest.importorskip("prometheus_client")
+    from sarathi_rt.server.stats import ServerStats
+
+    stats = ServerStats(_engine([]), "tiny")  # type: ignore[arg-type]
+    stats.failed("overloaded")
+    stats.failed("overloaded")
+    stats.failed("error")
+    with pytest.raises(ValueError, match="reason must be one of"):
+        stats.failed("teapot")
+    got = _scraped(stats)
+    assert {r: got[f'sarathi_rt:request_failures_total{{reason="{r}"}}'] for r in ("bad_request", "overloaded",
+                                                                                   "error")} == \
+        {"bad_request": 0, "overloaded": 2, "error": 1}
+    body, content_type = stats.render("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
 
 
 def test_server_stats_count_a_request_of_several_samples_once() -> None:
     """n > 1: one request with its status, prompt tokens, TTFT and goodput once; generated
     tokens and gaps over every sample; good and attained only if every sample is."""
-    pytest.importorskip("fastapi")
-    from types import SimpleNamespace
-
+    pytest.importorskip("prometheus_client")
     from sarathi_rt.scheduler import QoSClass
     from sarathi_rt.server.stats import ServerStats
 
-    stats = ServerStats(ttft_target=2.0, tbt_target=1.5, qos_classes={"chat": QoSClass(ttft=2.0, tbt=1.5)})
+    engine = _engine([], qos_classes={"chat": QoSClass(ttft=2.0, tbt=1.5)})
+    stats = ServerStats(engine, "tiny", ttft_target=2.0, tbt_target=1.5)  # type: ignore[arg-type]
 
     def sample(times: list[float], relegated: bool = False) -> RequestMetrics:
         return RequestMetrics(0.0, 8, 0.0, times[0], times, times[-1], qos="chat", relegated=relegated)
@@ -92,20 +144,47 @@ def test_server_stats_count_a_request_of_several_samples_once() -> None:
     # Sample 1's gap of 3 s misses the TBT target and its second token's deadline (3.5 s).
     stats.finished([("length", sample([1.0, 4.0], relegated=True)), ("stop", sample([1.0, 2.0], relegated=True))])
     stats.finished([("stop", sample([1.0]))], num_samples=2)  # the client left before sample 1 ended
-    assert stats.requests == {"length": 2, "abort": 1}
-    assert stats.prompt_tokens == 3 * 8 and stats.generation_tokens == 2 + 3 + 2 + 2 + 1
-    assert stats.ttft.count == 3 and stats.tbt.count == 1 + 2 + 1 + 1 and stats.request_max_tbt.count == 2
-    assert stats.good == 1
-    assert (stats.qos_requests["chat"], stats.qos_attained["chat"], stats.qos_relegated["chat"]) == (3, 1, 1)
-    engine = SimpleNamespace(step_metrics=[], scheduler_config=SimpleNamespace(num_blocks=8),
-                             scheduler=SimpleNamespace(num_running=0, num_waiting=0, num_free_blocks=8))
-    gauges = {name: value for name, _, value in stats.slo_gauges(engine)}  # type: ignore[arg-type]
-    # The window holds the two whole requests, one good, from 0 s to the last finish at 4 s.
-    assert gauges["sarathi_rt_slo_window_requests"] == 2
-    assert gauges["sarathi_rt_goodput_requests_per_second"] == pytest.approx(1 / 4)
-    assert gauges["sarathi_rt_time_between_tokens_max_seconds"] == 3.0
+    got = _scraped(stats)
+    p = "sarathi_rt:"
+    assert {end: got[f'{p}request_success_total{{finished_reason="{end}"}}'] for end in ("stop", "length", "abort")} \
+        == {"stop": 0, "length": 2, "abort": 1}
+    assert got[p + "prompt_tokens_total"] == 3 * 8 and got[p + "generation_tokens_total"] == 2 + 3 + 2 + 2 + 1
+    assert got[p + "time_to_first_token_seconds_count"] == 3
+    assert got[p + "inter_token_latency_seconds_count"] == 1 + 2 + 1 + 1
+    assert got[p + "request_max_inter_token_latency_seconds_count"] == 2
+    # The phases of the two whole requests only: the third's second sample has no end.
+    assert got[p + "e2e_request_latency_seconds_count"] == got[p + "request_decode_time_seconds_count"] == 2
+    assert got[p + "e2e_request_latency_seconds_sum"] == 3.0 + 4.0  # each request's last sample's end
+    assert got[p + "good_requests_total"] == 1
+    assert [got[f'{p}qos_{name}_total{{qos_class="chat"}}'] for name in ("requests", "attained", "relegated")] \
+        == [3, 1, 1]
+    # The window holds the two whole requests, one good and attained, from 0 s to the last finish at 4 s.
+    assert got[p + "slo_window_requests"] == 2
+    assert got[p + "goodput_requests_per_second"] == pytest.approx(1 / 4)
+    assert got[p + "inter_token_latency_max_seconds"] == 3.0
+    assert got[f'{p}qos_attainment{{qos_class="chat"}}'] == 0.5
     with pytest.raises(ValueError, match="samples: a finish reason must be one of"):
         stats.finished([("done", sample([1.0]))])
     with pytest.raises(ValueError, match="num_samples must be >= 1"):
         stats.finished([("stop", sample([1.0])), ("stop", sample([1.0]))], num_samples=1)
-    assert sum(stats.requests.values()) == 3  # refused calls count nothing
+    refused = _scraped(stats)  # refused calls count nothing
+    assert sum(v for k, v in refused.items() if k.startswith(p + "request_success_total")) == 3
+
+
+def test_every_series_is_documented() -> None:
+    """docs/metrics.md names every series /metrics has, QoS ones included, and no other."""
+    pytest.importorskip("prometheus_client")
+    import re
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sarathi_rt.scheduler import QoSClass
+    from sarathi_rt.server.stats import ServerStats
+
+    engine = _engine([], qos_classes={"chat": QoSClass(ttft=2.0, tbt=1.5)})
+    stats = ServerStats(engine, "tiny")  # type: ignore[arg-type]
+    families = text_string_to_metric_families(stats.render()[0].decode())
+    served = {f.name + ("_total" if f.type == "counter" else "") for f in families if not f.name.endswith("_created")}
+    docs = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    assert served == set(re.findall(r"sarathi_rt:[a-z0-9_]+", docs))

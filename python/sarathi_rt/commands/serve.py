@@ -141,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         from sarathi_rt.server import DrainingServer, Limits, OpenAIServer
     except ImportError as exc:
-        print(f"error: sarathi-rt serve needs FastAPI and uvicorn ({exc}); pip install 'sarathi_rt[serve]'",
-              file=sys.stderr)
+        print(f"error: sarathi-rt serve needs FastAPI, uvicorn and prometheus_client ({exc}); "
+              "pip install 'sarathi_rt[serve]'", file=sys.stderr)
         return 2
     import torch
 

@@ -41,7 +41,8 @@ class LLMEngine:
 
     `step_metrics` / `stage_metrics` keep the latest METRICS_WINDOW entries, so a
     long-running engine does not grow without bound; `num_steps` counts every step and
-    `steps_since(n)` returns the steps after the n-th.
+    `steps_since(n)` returns the steps after the n-th; `num_preemptions` counts every
+    preemption of a sample.
 
     With a `tokenizer` each output carries its text, decoded incrementally, and requests
     can stop at strings (SamplingParams.stop).
@@ -82,6 +83,7 @@ class LLMEngine:
         self.step_metrics: deque[StepMetrics] = deque(maxlen=self.METRICS_WINDOW)
         self.stage_metrics: deque[StageMetrics] = deque(maxlen=self.METRICS_WINDOW)
         self.num_steps = 0
+        self.num_preemptions = 0
         # Each plan in flight keeps the SequenceState of every entry: a request aborted (and
         # its id reused) while the plan runs must not receive that plan's token.
         # The samples that draw a token (SequenceChunk.rows) ride along, in row order.
@@ -265,6 +267,7 @@ class LLMEngine:
             plan = self.scheduler.schedule(start)
         for request_id in plan.preempted:
             self._seqs[request_id].metrics.num_preemptions += 1
+        self.num_preemptions += len(plan.preempted)
         for key in plan.relegated:
             # A request is relegated before its first token, so before its other samples
             # are forked (the scheduler's copies inherit it): mark every sample here.

@@ -1,5 +1,5 @@
-"""`sarathi-rt serve`: an OpenAI-compatible HTTP server on the async engine (FastAPI +
-uvicorn, the optional extra `sarathi_rt[serve]`)."""
+"""`sarathi-rt serve`: an OpenAI-compatible HTTP server on the async engine (FastAPI,
+uvicorn and prometheus_client: the optional extra `sarathi_rt[serve]`)."""
 from .app import OpenAIServer
 from .http import DrainingServer
 from .protocol import Limits

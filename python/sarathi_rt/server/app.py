@@ -34,7 +34,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from sarathi_rt.engine import AsyncLLMEngine, RequestOutput
@@ -81,13 +81,13 @@ class OpenAIServer:
         self._live: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
         self.draining = False
         self.engine = AsyncLLMEngine(llm.engine)
-        self.stats = ServerStats(ttft_slo, llm.engine.config.tbt_slo if tbt_slo is None else tbt_slo,
-                                 llm.engine.scheduler_config.qos_classes)
+        self.stats = ServerStats(llm.engine, model_name, ttft_slo,
+                                 llm.engine.config.tbt_slo if tbt_slo is None else tbt_slo)
         self.created = int(time.time())
         self.app = BodyLimit(self._build(docs), self.limits.max_request_bytes, self._refused_body)
 
     def _refused_body(self) -> None:
-        self.stats.requests["bad_request"] += 1
+        self.stats.failed("bad_request")
 
     # ------------------------------------------------------------------ routes
     def _build(self, docs: bool) -> FastAPI:
@@ -98,24 +98,24 @@ class OpenAIServer:
         @app.exception_handler(ApiError)
         async def api_error(_: Request, exc: ApiError) -> JSONResponse:
             if exc.status in (400, 404, 503):  # 499: the client left, and 500 (the engine failed): counted by _outputs
-                self.stats.requests["overloaded" if exc.status == 503 else "bad_request"] += 1
+                self.stats.failed("overloaded" if exc.status == 503 else "bad_request")
             return JSONResponse(error_body(str(exc), exc.kind, exc.param), status_code=exc.status)
 
         @app.exception_handler(RequestValidationError)
         async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-            self.stats.requests["bad_request"] += 1
+            self.stats.failed("bad_request")
             message, param = describe(list(exc.errors()))
             return JSONResponse(error_body(message, param=param), status_code=400)
 
         @app.exception_handler(HTTPException)
         async def http_error(_: Request, exc: HTTPException) -> JSONResponse:  # 404, 405 from routing
-            self.stats.requests["bad_request"] += 1
+            self.stats.failed("bad_request")
             kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
             return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers)
 
         @app.exception_handler(Exception)
         async def failed(_: Request, exc: Exception) -> JSONResponse:
-            self.stats.requests["error"] += 1
+            self.stats.failed("error")
             return JSONResponse(error_body(f"internal error ({type(exc).__name__})", "server_error"),
                                 status_code=500)
 
@@ -133,8 +133,9 @@ class OpenAIServer:
                                                 "max_model_len": self.llm.engine.max_model_len}]}
 
         @app.get("/metrics")
-        async def metrics() -> PlainTextResponse:
-            return PlainTextResponse(self.stats.render(self.llm.engine), media_type="text/plain; version=0.0.4")
+        async def metrics(request: Request) -> Response:
+            body, content_type = self.stats.render(request.headers.get("accept", ""))
+            return Response(body, media_type=content_type)
 
         @app.post("/v1/completions", response_model=None)
         async def completions(body: CompletionRequest, request: Request) -> Any:
@@ -355,7 +356,7 @@ class OpenAIServer:
         finally:
             self._live.pop(request_id, None)
             if failed:
-                self.stats.requests["error"] += 1
+                self.stats.failed("error")
             else:
                 self.stats.finished(ended, num_samples)
 

@@ -1,0 +1,22 @@
+"""An injected model failure: the forward of a running engine raises."""
+from __future__ import annotations
+
+from sarathi_rt.engine import LLMEngine
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def break_after(engine: LLMEngine, calls: int) -> None:
+    """The model's forward raises Boom from its `calls`-th call on."""
+    model = engine.executor.worker.model
+    forward, seen = model.forward, [0]
+
+    def failing(*args: object, **kwargs: object) -> object:
+        seen[0] += 1
+        if seen[0] >= calls:
+            raise Boom("the forward raised (injected)")
+        return forward(*args, **kwargs)
+
+    model.forward = failing  # type: ignore[method-assign]
