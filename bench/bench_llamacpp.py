@@ -147,6 +147,7 @@ def convert(bin_dir: Path, source: Path, dtype: str, out_dir: Path) -> Path:
     """`source` dequantized to `dtype` by llama-quantize (kept beside the build, reused)."""
     out = out_dir / f"{source.name.split('.')[0]}.{GGUF_TYPES[dtype]}.gguf"
     if not out.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)  # with --llama-dir, build_llama never made it
         partial = out.with_suffix(".partial")
         subprocess.run(quantize_command(bin_dir, source, partial, dtype), check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from bench_llamacpp import (BUSY_LOAD, REGIMES, Run, Side, cmake_commands, interleave, llama_side,  # noqa: E402
-                            quantize_command, sarathi_side, sdist_command, slots, summarize, workload)
+from bench_llamacpp import (BUSY_LOAD, REGIMES, Run, Side, cmake_commands, convert, interleave,  # noqa: E402
+                            llama_side, quantize_command, sarathi_side, sdist_command, slots, summarize, workload)
 
 
 def test_the_build_fetches_only_the_sdist_and_builds_the_two_tools(tmp_path: Path) -> None:
@@ -22,6 +22,21 @@ def test_the_build_fetches_only_the_sdist_and_builds_the_two_tools(tmp_path: Pat
     assert build[build.index("--target") + 1:] == ["llama-server", "llama-quantize"]
     assert quantize_command(tmp_path, Path("m.Q4_1.gguf"), Path("m.BF16.gguf"), "bfloat16")[-1] == "BF16"
     assert quantize_command(tmp_path, Path("m.Q4_1.gguf"), Path("m.F32.gguf"), "float32")[-1] == "F32"
+
+
+def test_convert_makes_its_folder(tmp_path: Path) -> None:
+    """With --llama-dir (an existing build) nothing created the converted models' folder,
+    so llama-quantize could not write there: convert makes it. A stand-in llama-quantize
+    copies its input."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "llama-quantize"
+    tool.write_text('#!/bin/sh\ncp "$2" "$3"\n')
+    tool.chmod(0o755)
+    source = tmp_path / "m.Q4_1.gguf"
+    source.write_bytes(b"GGUF")
+    out = convert(bin_dir, source, "float32", tmp_path / "cache" / "llama.cpp")
+    assert out == tmp_path / "cache" / "llama.cpp" / "m.F32.gguf" and out.read_bytes() == b"GGUF"
 
 
 def test_both_servers_get_the_same_threads_and_enough_context(tmp_path: Path) -> None:
