@@ -132,18 +132,21 @@ def test_compile_slots_bound_the_threads_and_a_schema_compiling_is_joined(llm: L
     threads = _slow_engine_compile(llm, monkeypatch, 0.6)
     engine = AsyncLLMEngine(llm.engine, max_compiles=1, compile_timeout=2.0)
     quick = AsyncLLMEngine(llm.engine, max_compiles=1, compile_timeout=0.2)
+    one, two, three, four = (json.dumps({"type": "integer", "minimum": 0, "maximum": m}) for m in (11, 12, 13, 14))
 
     async def run() -> None:
-        first = asyncio.create_task(engine.compile_grammar(INT))
+        first = asyncio.create_task(engine.compile_grammar(one))
         await asyncio.sleep(0.1)
-        same = asyncio.create_task(engine.compile_grammar(INT))  # waits for the running compile
-        other = asyncio.create_task(engine.compile_grammar(BOOL))  # waits for the slot
+        same = asyncio.create_task(engine.compile_grammar(one))  # waits for the running compile
+        other = asyncio.create_task(engine.compile_grammar(two))  # waits for the slot
         await asyncio.gather(first, same, other)
-        assert len(threads) == 2 and not any(t.is_alive() for t in threads[:1])
-        blocker = asyncio.create_task(quick.compile_grammar(json.dumps({"type": "null"})))
+        assert len(threads) == 2 and not any(t.is_alive() for t in threads)
+        await engine.compile_grammar(one)
+        assert len(threads) == 2  # cached: no thread
+        blocker = asyncio.create_task(quick.compile_grammar(three))
         await asyncio.sleep(0.05)
         with pytest.raises(CompilesBusy, match="all 1 grammar compile slots stayed busy for 0.2 s"):
-            await quick.compile_grammar(json.dumps({"type": "string", "maxLength": 3}))
+            await quick.compile_grammar(four)
         with pytest.raises(ValueError, match="took longer than"):
             await blocker
 

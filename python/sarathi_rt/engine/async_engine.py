@@ -73,7 +73,8 @@ class AsyncLLMEngine:
                 raise ValueError(f"json_schema is too complex to compile: complexity {complexity}, over the "
                                  f"limit of {self.max_schema_complexity} (about one per JSON value in it, more "
                                  "for long enums and many optional properties)")
-        await self.grammars.compile(schema)
+        if not self.engine.grammar_compiled(schema):  # a cached one needs no thread nor slot
+            await self.grammars.compile(schema)
 
     async def abort(self, request_id: Hashable) -> bool:
         """Abort a request; its stream ends with a finish_reason "abort" output. False if

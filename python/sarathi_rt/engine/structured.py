@@ -126,6 +126,11 @@ class GrammarCompiler:
         self._cache_bytes = 0
         self._cache_lock = threading.Lock()
 
+    def cached(self, schema: str) -> bool:
+        """Whether `schema` is compiled already (so `compile` returns at once)."""
+        with self._cache_lock:
+            return schema in self._cache
+
     def compile(self, schema: str) -> Any:
         """`schema` (JSON text) compiled, from the cache after the first time; safe from
         any thread. A schema xgrammar cannot compile raises ValueError naming json_schema."""
