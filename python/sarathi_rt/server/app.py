@@ -236,7 +236,7 @@ class OpenAIServer:
         qos = self._qos(body)
         try:
             params = body.sampling_params(max(1, self.llm.engine.max_model_len - len(prompt)))
-            if params.json_schema is not None:  # compiled before the engine sees the request: add_request finds it cached
+            if params.json_schema is not None:  # compiled first, so add_request finds it cached
                 await self._compile(params.json_schema, request)
             if self.draining:
                 raise ApiError(503, "the server is shutting down", kind="server_shutting_down")
