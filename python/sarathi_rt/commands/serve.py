@@ -86,6 +86,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="answer 413 to a larger request body (default 4 MiB)")
     h.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="answer 400 to a longer prompt (default: max_model_len - 1)")
+    h.add_argument("--max-schema-complexity", type=int, default=None,
+                   help="answer 400 to a response_format json_schema more complex than this (about one per JSON "
+                        "value, more for long enums and many optional properties; default 20000, compiles of "
+                        "about 2 s)")
+    h.add_argument("--compile-timeout", type=float, default=10.0,
+                   help="answer 400 to a json_schema whose grammar takes longer to compile (default 10 s)")
     h.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds running requests get to finish before their streams are "
                         "ended with an error event (default 30)")
@@ -152,7 +158,10 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     llm = None
     try:
-        limits = Limits(max_request_bytes=args.max_request_bytes, max_prompt_tokens=args.max_prompt_tokens)
+        # No default of its own here: Limits' (importing it needs torch, which --help should not).
+        complexity = {} if args.max_schema_complexity is None else {"max_schema_complexity": args.max_schema_complexity}
+        limits = Limits(max_request_bytes=args.max_request_bytes, max_prompt_tokens=args.max_prompt_tokens,
+                        compile_timeout=args.compile_timeout, **complexity)
         token_budget, engine_slo = _budget(args)
         classes = DEFAULT_SERVICE_TIERS if args.qos_classes is None else load_qos_classes(args.qos_classes)
         llm = LLM(args.model, **_engine_options(args), token_budget=token_budget, tbt_slo=engine_slo,

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Hashable
 
 from sarathi_rt.sampling import SamplingParams
 
+from .grammar_pool import GrammarPool
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
+from .structured import schema_complexity
 
 
 class AsyncLLMEngine:
@@ -18,10 +21,23 @@ class AsyncLLMEngine:
     is touched only under an asyncio lock that each step holds, so add_request and abort
     slip in between steps (the lock is fair) and never race a running step. A request
     with SamplingParams(n > 1) sends every sample's outputs (told apart by `index`) to
-    its queue; its stream ends after the last sample's finished output."""
+    its queue; its stream ends after the last sample's finished output.
 
-    def __init__(self, engine: LLMEngine) -> None:
+    A request's json_schema is compiled before it is added, on a GrammarPool of
+    `max_compiles` daemon threads, within `compile_timeout` seconds (None: no limit);
+    a schema whose structured.schema_complexity is over `max_schema_complexity` (None: no
+    limit) is refused before it is compiled. The defaults trust the caller, as a program
+    of its own does; a server passes its limits."""
+
+    def __init__(self, engine: LLMEngine, *, max_compiles: int = 2, compile_timeout: float | None = None,
+                 max_schema_complexity: int | None = None) -> None:
+        if max_schema_complexity is not None and (isinstance(max_schema_complexity, bool) or
+                                                  not isinstance(max_schema_complexity, int) or
+                                                  max_schema_complexity < 1):
+            raise ValueError(f"max_schema_complexity must be an int >= 1 or None, got {max_schema_complexity!r}")
         self.engine = engine
+        self.max_schema_complexity = max_schema_complexity
+        self.grammars = GrammarPool(engine.compile_grammar, max_compiles, compile_timeout)
         self._lock = asyncio.Lock()
         self._queues: dict[Hashable, asyncio.Queue[RequestOutput | Exception]] = {}
         self._running: dict[Hashable, int] = {}  # request id -> samples not finished
@@ -34,17 +50,31 @@ class AsyncLLMEngine:
         """Queue a request (of QoS class `qos`, arrived at `arrival_time` on
         time.perf_counter's clock, default now: its deadlines and TTFT count from it); its
         outputs (or the exception that ended the loop) go to `queue` (a new one if None),
-        which is returned. Bad input raises here."""
+        which is returned. Bad input raises here; see compile_grammar for a json_schema."""
         queue = asyncio.Queue() if queue is None else queue
         if isinstance(params, SamplingParams) and params.json_schema is not None:
-            # Compiling a schema takes milliseconds to seconds: on a thread, while steps go on.
-            await asyncio.to_thread(self.engine.compile_grammar, params.json_schema)
+            await self.compile_grammar(params.json_schema)  # cached: adding the request compiles nothing
         async with self._lock:
             self.engine.add_request(request_id, prompt, params, arrival_time=arrival_time, qos=qos)
             self._queues[request_id] = queue
             self._running[request_id] = 1 if params is None else params.n
         self._ensure_running()
         return queue
+
+    async def compile_grammar(self, schema: str) -> None:
+        """Compile SamplingParams.json_schema `schema` (cached) while steps go on. Raises
+        ValueError naming json_schema for a schema over max_schema_complexity (before any
+        compile), one past compile_timeout or one xgrammar refuses, and
+        grammar_pool.CompilesBusy when no compile slot came free in time. Cancelling the
+        caller abandons the wait, not the compile (see GrammarPool)."""
+        if self.max_schema_complexity is not None:
+            complexity = schema_complexity(json.loads(schema))
+            if complexity > self.max_schema_complexity:
+                raise ValueError(f"json_schema is too complex to compile: complexity {complexity}, over the "
+                                 f"limit of {self.max_schema_complexity} (about one per JSON value in it, more "
+                                 "for long enums and many optional properties)")
+        if not self.engine.grammar_compiled(schema):  # a cached one needs no thread nor slot
+            await self.grammars.compile(schema)
 
     async def abort(self, request_id: Hashable) -> bool:
         """Abort a request; its stream ends with a finish_reason "abort" output. False if

@@ -160,6 +160,11 @@ class LLMEngine:
         calls it off the event loop. Raises as add_request would for that schema."""
         self._compiler().compile(schema)
 
+    def grammar_compiled(self, schema: str) -> bool:
+        """Whether compile_grammar(`schema`) would return at once, from the cache."""
+        with self._grammar_lock:
+            return self._grammar_compiler is not None and self._grammar_compiler.cached(schema)
+
     def _compiler(self) -> GrammarCompiler:
         """Built once, on the first json_schema: an engine without any never needs xgrammar."""
         with self._grammar_lock:

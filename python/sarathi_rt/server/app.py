@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from sarathi_rt.engine import AsyncLLMEngine, RequestOutput
+from sarathi_rt.engine.grammar_pool import CompilesBusy
 from sarathi_rt.llm import LLM
 from sarathi_rt.measure.metrics import RequestMetrics
 
@@ -80,7 +81,10 @@ class OpenAIServer:
         self._admitting = 0  # requests between the overload check and the engine's queue
         self._live: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
         self.draining = False
-        self.engine = AsyncLLMEngine(llm.engine)
+        self._drained = asyncio.Event()  # set when the drain begins: schema compiles stop being waited for
+        self.engine = AsyncLLMEngine(llm.engine, max_compiles=self.limits.max_compiles,
+                                     compile_timeout=self.limits.compile_timeout,
+                                     max_schema_complexity=self.limits.max_schema_complexity)
         self.stats = ServerStats(llm.engine, model_name, ttft_slo,
                                  llm.engine.config.tbt_slo if tbt_slo is None else tbt_slo)
         self.created = int(time.time())
@@ -148,7 +152,8 @@ class OpenAIServer:
                     text, tokenizer, special = prompt, self.llm.tokenizer, body.parse_special_tokens
                     prompt = await self._tokenize(lambda: tokenizer.encode(text, parse_special=special), len(text),
                                                   "prompt")
-                queue, request_id = await self._add(body, list(prompt), False, arrival)  # type: ignore[arg-type]
+                queue, request_id = await self._add(body, list(prompt), False, arrival,  # type: ignore[arg-type]
+                                                    request)
             return await self._respond(body, request_id, queue, len(prompt), request, chat=False)
 
         @app.post("/v1/chat/completions", response_model=None)
@@ -166,7 +171,7 @@ class OpenAIServer:
                     raise ApiError(400, str(exc), param="messages") from None
                 chars = sum(len(m["content"]) for m in conversation)
                 prompt = await self._tokenize(lambda: tokenizer.apply_chat_template(conversation), chars, "messages")
-                queue, request_id = await self._add(body, prompt, True, arrival)
+                queue, request_id = await self._add(body, prompt, True, arrival, request)
             return await self._respond(body, request_id, queue, len(prompt), request, chat=True)
 
         return app
@@ -223,7 +228,7 @@ class OpenAIServer:
             raise ApiError(400, f"the prompt has {num_tokens} tokens; this server takes at most "
                                 f"{self.max_prompt_tokens}", param="prompt")
 
-    async def _add(self, body: SamplingRequest, prompt: list[int], chat: bool, arrival: float
+    async def _add(self, body: SamplingRequest, prompt: list[int], chat: bool, arrival: float, request: Request
                    ) -> tuple[asyncio.Queue[RequestOutput | Exception], str]:
         if self.draining:  # the drain began while this one was tokenized: it gets the shutdown error
             raise ApiError(503, "the server is shutting down", kind="server_shutting_down")
@@ -232,7 +237,13 @@ class OpenAIServer:
         qos = self._qos(body)
         try:
             params = body.sampling_params(max(1, self.llm.engine.max_model_len - len(prompt)))
+            if params.json_schema is not None:  # compiled first, so add_request finds it cached
+                await self._compile(params.json_schema, request)
+            if self.draining:
+                raise ApiError(503, "the server is shutting down", kind="server_shutting_down")
             queue = await self.engine.add_request(request_id, prompt, params, qos=qos, arrival_time=arrival)
+        except CompilesBusy as exc:
+            raise ApiError(503, f"response_format: {exc}", kind="server_overloaded", param="response_format") from None
         except (ValueError, TypeError) as exc:
             # The engine names SamplingParams' json_schema, which a client sent as response_format.
             if body.response_format is not None and str(exc).startswith("json_schema"):
@@ -240,6 +251,30 @@ class OpenAIServer:
             raise ApiError(400, str(exc), param="stop" if str(exc).startswith("stop strings") else None) from None
         self._live[request_id] = queue
         return queue, request_id
+
+    async def _compile(self, schema: str, request: Request) -> None:
+        """Wait for `schema`'s compile unless the client leaves first (499, the request
+        never added) or the drain begins (503): a compile cannot be interrupted, so it
+        runs on, cached for the next request with the schema, but nobody waits for it."""
+        compiled = asyncio.ensure_future(self.engine.compile_grammar(schema))
+        waits = {compiled, asyncio.ensure_future(self._disconnected(request)),
+                 asyncio.ensure_future(self._drained.wait())}
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if compiled in done:
+            return compiled.result()
+        if self._drained.is_set():
+            raise ApiError(503, "the server is shutting down", kind="server_shutting_down")
+        self.stats.finished([], num_samples=1)  # an abort, with nothing measured
+        raise ApiError(499, "the client went away while its response_format compiled", kind="aborted")
+
+    @staticmethod
+    async def _disconnected(request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
 
     def _qos(self, body: SamplingRequest) -> str | None:
         """The QoS class body.service_tier selects: a class of the engine's qos_classes
@@ -325,6 +360,7 @@ class OpenAIServer:
         end the rest: a stream with an error event and [DONE], a whole response with a
         503; their requests are aborted and their KV blocks freed."""
         self.draining = True
+        self._drained.set()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         running, tokenizing = len(self._live), self._admitting  # those tokenizing meet `draining` in _add
@@ -394,6 +430,5 @@ class OpenAIServer:
         yield "data: [DONE]\n\n"
 
     async def _abort_on_disconnect(self, request: Request, request_id: str) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
+        await self._disconnected(request)
         await self.engine.abort(request_id)

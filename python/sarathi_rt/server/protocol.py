@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from sarathi_rt.engine.outputs import TokenLogprob
+from sarathi_rt.engine.structured import DEFAULT_MAX_SCHEMA_COMPLEXITY
 from sarathi_rt.sampling import MAX_LOGPROBS, MAX_N, SamplingParams
 
 # Fields of OpenAI's API (or vLLM's extensions) that would change what is generated or
@@ -35,21 +36,40 @@ class Limits:
     max_prompt_tokens: a prompt's tokens (None: what max_model_len leaves room for); a
     text longer than this many of the tokenizer's longest tokens is refused before it is
     tokenized. max_stop: stop strings (OpenAI's limit), of at most max_stop_chars
-    characters each. max_messages: messages in a chat."""
+    characters each. max_messages: messages in a chat.
+
+    A response_format json_schema is compiled into a grammar (once: compiled schemas are
+    cached), which for a large schema takes seconds to minutes of a CPU core and cannot
+    be interrupted. max_schema_complexity: the most engine.structured.schema_complexity
+    (about one per JSON value in the schema, more for long enums and many optional
+    properties) a schema may have; over it, 400 naming response_format before any
+    compile. The default, 20000, keeps compiles within about 2 s on a 2-core machine.
+    compile_timeout: the seconds a request waits for its compile (and a free compile
+    slot); over it, 400 naming response_format (the schema costs too much to compile
+    here), or 503 if no slot came free (the server is busy, the schema may be fine).
+    max_compiles: compiles running at once, each on a thread of its own; one that runs
+    past compile_timeout keeps its slot until it ends."""
 
     max_request_bytes: int = 4 << 20
     max_prompt_tokens: Optional[int] = None
     max_stop: int = 4
     max_stop_chars: int = 256
     max_messages: int = 512
+    max_schema_complexity: int = DEFAULT_MAX_SCHEMA_COMPLEXITY
+    compile_timeout: float = 10.0
+    max_compiles: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_prompt_tokens", "max_stop", "max_stop_chars", "max_messages"):
+        for name in ("max_request_bytes", "max_prompt_tokens", "max_stop", "max_stop_chars", "max_messages",
+                     "max_schema_complexity", "max_compiles"):
             value = getattr(self, name)
             if value is None and name == "max_prompt_tokens":
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        timeout = self.compile_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ValueError(f"compile_timeout must be a positive finite number of seconds, got {timeout!r}")
 
 
 class Strict(BaseModel):
