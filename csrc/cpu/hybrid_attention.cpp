@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <memory>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -62,15 +61,27 @@ struct Shape {
   int64_t partial_floats;  // per partial row: the accumulator (dim_padded), then max and sum
 };
 
-// Per-thread buffers, zeroed once: only lanes d < dim of q are ever written, so its
-// padding lanes stay zero (k and v are written whole, padding included).
+// Per-thread buffers, kept by each (pooled) OpenMP thread across calls and zeroed when
+// the shape they serve changes: only lanes d < dim of q are ever written, so its padding
+// lanes stay zero (k and v are written whole, padding included). In steady state a call
+// allocates nothing.
 struct Scratch {
   std::vector<float, cpu::LineAllocator<float>> q, k, v, s, acc, m, l;
   std::vector<int64_t> visible;  // per row: keys it sees, capped at the item's k_end
-  explicit Scratch(const Shape& sh)
-      : q(sh.max_rows * sh.dim_padded), k(kKeyChunk * sh.dim_padded), v(kKeyChunk * sh.dim_padded),
-        s(sh.max_rows * kKeyChunk), acc(sh.max_rows * sh.dim_padded), m(sh.max_rows), l(sh.max_rows),
-        visible(sh.max_rows) {}
+  int64_t dim = -1, dim_padded = -1, max_rows = -1;
+
+  void fit(const Shape& sh) {
+    if (sh.dim == dim && sh.dim_padded == dim_padded && sh.max_rows == max_rows) return;
+    dim = sh.dim, dim_padded = sh.dim_padded, max_rows = sh.max_rows;
+    q.assign(sh.max_rows * sh.dim_padded, 0.0f);
+    k.assign(kKeyChunk * sh.dim_padded, 0.0f);
+    v.assign(kKeyChunk * sh.dim_padded, 0.0f);
+    s.assign(sh.max_rows * kKeyChunk, 0.0f);
+    acc.assign(sh.max_rows * sh.dim_padded, 0.0f);
+    m.assign(sh.max_rows, 0.0f);
+    l.assign(sh.max_rows, 0.0f);
+    visible.assign(sh.max_rows, 0);
+  }
 };
 
 // Keys j0 .. j0 + n for the item's heads: the key and value rows of its first head, `len`
@@ -332,18 +343,18 @@ ItemFn<T> item_fn() {
 // row r of piece i is partial row first_partial + i * rows + r.
 template <typename T>
 void merge_pieces(const HybridAttentionParams& p, const Shape& sh, const AttentionMergeItem& mg,
-                  const float* partials) {
+                  const float* partials, Scratch& t) {
   const ItemRows ir{mg.kv_head, mg.num_heads, mg.row_begin, mg.num_rows, sh.group};
   const int64_t Dp = sh.dim_padded, stride = sh.partial_floats, rows = ir.count();
   auto* out = static_cast<T*>(p.out);
-  std::vector<float> o(sh.dim);
+  const auto o = t.acc.begin(), o_end = o + sh.dim;  // the row's sum, in the thread's accumulator
   for (int64_t r = 0; r < rows; ++r) {
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < mg.num_partials; ++i) {
       m = std::max(m, partials[(mg.first_partial + i * rows + r) * stride + Dp]);
     }
     float l = 0.0f;
-    std::fill(o.begin(), o.end(), 0.0f);
+    std::fill(o, o_end, 0.0f);
     for (int64_t i = 0; i < mg.num_partials; ++i) {
       const float* piece = partials + (mg.first_partial + i * rows + r) * stride;
       const float weight = std::exp2(piece[Dp] - m);  // 0 for a piece the row cannot see
@@ -380,24 +391,34 @@ void run_plan(const HybridAttentionParams& p, const Shape& sh, const int32_t* pl
   const auto* items = reinterpret_cast<const AttentionWorkItem*>(plan + cap.items_offset());
   const auto* merges = reinterpret_cast<const AttentionMergeItem*>(plan + cap.merges_offset());
   const int64_t num_merges = plan[kPlanNumMerges];
-  std::vector<int32_t> order;
-  order.reserve(static_cast<size_t>(plan[kPlanNumItems]));
+  // The calling thread's buffers, kept across calls (every layer of every step calls
+  // this): cleared, not freed, so their capacity stays.
+  thread_local std::vector<int32_t> order;
+  thread_local std::vector<float, cpu::LineAllocator<float>> partial_rows;
+  order.clear();
   for (int32_t k = 0; static_cast<int64_t>(order.size()) < plan[kPlanNumItems]; ++k) {
     for (int64_t c = 0; c < cap.num_ctas; ++c) {
       if (begin[c] + k < begin[c + 1]) order.push_back(begin[c] + k);
     }
   }
-  // Sized from this plan's partial rows, not the capacity.
-  std::unique_ptr<float[]> partials(new float[static_cast<size_t>(plan[kPlanNumPartialRows] * sh.partial_floats)]);
+  // Sized from this plan's partial rows, not the capacity; grown only.
+  const auto partial_floats = static_cast<size_t>(plan[kPlanNumPartialRows] * sh.partial_floats);
+  if (partial_rows.size() < partial_floats) partial_rows.resize(partial_floats);
+  // Plain pointers into the calling thread's buffers: inside the parallel region the
+  // names `order` and `partial_rows` would mean each worker thread's own (empty) ones.
+  const int32_t* item_order = order.data();
+  const auto num_items = static_cast<int64_t>(order.size());
+  float* partials = partial_rows.data();
   const ItemFn<T> run = item_fn<T>();
 
 #pragma omp parallel
   {
-    Scratch scratch(sh);
+    thread_local Scratch scratch;
+    scratch.fit(sh);
 #pragma omp for schedule(dynamic, 1)
-    for (size_t i = 0; i < order.size(); ++i) run(p, sh, items[order[i]], scratch, partials.get());
+    for (int64_t i = 0; i < num_items; ++i) run(p, sh, items[item_order[i]], scratch, partials);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t m = 0; m < num_merges; ++m) merge_pieces<T>(p, sh, merges[m], partials.get());
+    for (int64_t m = 0; m < num_merges; ++m) merge_pieces<T>(p, sh, merges[m], partials, scratch);
   }
 }
 
