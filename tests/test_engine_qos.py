@@ -2,6 +2,7 @@
 classes (only order and timing move), per-class metrics, relegation reported, bad classes
 refused while everyone else is served."""
 import asyncio
+import time
 
 import pytest
 
@@ -117,3 +118,34 @@ def test_decodes_that_step_aside_give_the_same_tokens(plain) -> None:
     run_until(lambda: not engine.has_unfinished())
     assert left_out and all(ids <= set(batch) for ids in left_out)
     assert [outs[i] for i in range(6)] == plain
+
+
+@pytest.mark.slow
+def test_slow_steps_under_the_servers_default_tiers_still_admit() -> None:
+    """Steps of 1 s (over the default tier's 0.25 s TBT, as a large model on a CPU takes),
+    the server's tiers under the deadline policy, the engine's own learned step times: a
+    request added once the first one's decodes are behind their deadlines (from its 6th
+    token) is admitted within two steps, as FCFS would, not after the first's last token."""
+    from sarathi_rt.commands.serve import DEFAULT_SERVICE_TIERS
+
+    llm = LLM("tiny", qos_classes=DEFAULT_SERVICE_TIERS, default_qos="default", **OPTS)
+    engine = llm.engine
+    model = engine.executor.worker.model
+    forward = model.forward
+
+    def slow_forward(*args, **kwargs):  # inside the step the engine times and learns from
+        time.sleep(1.0)
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    engine.add_request("first", PROMPTS[1], params)
+    for _ in range(8):
+        engine.step()
+    engine.add_request("second", PROMPTS[2], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    for _ in range(2):
+        if any(o.request_id == "second" and o.token_ids for o in engine.step()):
+            break
+    else:
+        pytest.fail("the second request got no token within two steps")
+    assert engine.has_request("first")  # the first was still decoding: admission did not wait for it
