@@ -6,13 +6,13 @@ itself so that `sarathi-rt serve` exits non-zero for a supervisor to restart it.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from sarathi_rt import LLM, SamplingParams
 
 from engine_faults import Boom, break_after
+from http_servers import start_draining
 from text_models import tiny_tokenizer
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
@@ -45,17 +45,11 @@ pytest.importorskip("uvicorn")
 
 @pytest.mark.slow
 def test_the_server_reports_a_failed_engine_and_shuts_down() -> None:
-    from sarathi_rt.server import DrainingServer, OpenAIServer
+    from sarathi_rt.server import OpenAIServer
 
     llm = LLM("tiny", tokenizer=tiny_tokenizer(), **OPTS)
     server = OpenAIServer(llm, "tiny")
-    uv = DrainingServer(server, "127.0.0.1", 0, shutdown_timeout=5.0, log_level="warning")
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    while not uv.started:
-        assert thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    base = f"http://127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}"
+    uv, thread, base = start_draining(server)
     body = {"model": "tiny", "prompt": "hello world", "max_tokens": 40, "temperature": 0.0, "ignore_eos": True}
     with httpx.Client(base_url=base, timeout=60) as client:
         assert client.get("/health").json() == {"status": "ok"}

@@ -23,10 +23,11 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("xgrammar")
 
 from engine_faults import break_after  # noqa: E402
+from http_servers import start_draining  # noqa: E402
 from metrics_text import samples  # noqa: E402
 from sarathi_rt import LLM  # noqa: E402
 from sarathi_rt.commands.serve import DEFAULT_SERVICE_TIERS  # noqa: E402
-from sarathi_rt.server import DrainingServer, OpenAIServer  # noqa: E402
+from sarathi_rt.server import OpenAIServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct"
@@ -42,14 +43,9 @@ def serving(llm: LLM, **kwargs: object) -> Iterator[tuple[OpenAIServer, str, thr
     """The server over `llm` on loopback (a DrainingServer on a thread): yields (server,
     base URL, its thread); stops it on exit unless it stopped by itself."""
     server = OpenAIServer(llm, MODEL, **kwargs)
-    uv = DrainingServer(server, "127.0.0.1", 0, shutdown_timeout=5.0, log_level="warning")
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    while not uv.started:
-        assert thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
+    uv, thread, base = start_draining(server)
     try:
-        yield server, f"http://127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}", thread
+        yield server, base, thread
     finally:
         uv.should_exit = True
         thread.join(timeout=60)

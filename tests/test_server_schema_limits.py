@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,11 +18,12 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("xgrammar")
 
 from gguf_models import write_tokenizer_gguf  # noqa: E402
+from http_servers import serve_process, start_draining  # noqa: E402
 from metrics_text import scrape  # noqa: E402
 from test_grammar_limits import issue_schema  # noqa: E402
 from text_models import tiny_tokenizer  # noqa: E402
 from sarathi_rt import LLM  # noqa: E402
-from sarathi_rt.server import DrainingServer, Limits, OpenAIServer  # noqa: E402
+from sarathi_rt.server import Limits, OpenAIServer  # noqa: E402
 
 pytestmark = pytest.mark.slow  # starts servers on loopback
 
@@ -54,13 +52,7 @@ class Served:
 
         self.llm.engine.compile_grammar = slow  # type: ignore[method-assign]
         self.server = OpenAIServer(self.llm, "tiny", limits=limits)
-        self.uv = DrainingServer(self.server, "127.0.0.1", 0, shutdown_timeout, log_level="warning")
-        self.thread = threading.Thread(target=self.uv.run, daemon=True)
-        self.thread.start()
-        while not self.uv.started:
-            assert self.thread.is_alive(), "the server did not start"
-            time.sleep(0.02)
-        self.base = f"http://127.0.0.1:{self.uv.servers[0].sockets[0].getsockname()[1]}"
+        self.uv, self.thread, self.base = start_draining(self.server, shutdown_timeout)
 
     def post(self, body: dict, timeout: float = 30) -> httpx.Response:
         return httpx.post(self.base + "/v1/completions", json=body, timeout=timeout)
@@ -149,32 +141,13 @@ def test_shutdown_does_not_wait_for_a_compile(served: Served) -> None:
     assert not served.llm.engine.has_unfinished()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_exits_on_sigterm_while_a_real_compile_runs(tmp_path: Path) -> None:
     """1500 optional properties: about 6 s of xgrammar's C++ on a 2-core machine (the
     limit raised to let it in). SIGTERM mid-compile: the process exits 0 within seconds."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sarathi_rt.cli", "serve", "--model", "tiny", "--port", str(port),
-                             "--tokenizer", str(write_tokenizer_gguf(tmp_path / "bpe.gguf")), "--threads", "1",
-                             "--num-kv-blocks", "64", "--max-schema-complexity", "1000000",
-                             "--compile-timeout", "60", "--shutdown-timeout", "30"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1500)}}
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(base + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+    with serve_process("--model", "tiny", "--tokenizer", str(write_tokenizer_gguf(tmp_path / "bpe.gguf")),
+                       "--threads", "1", "--num-kv-blocks", "64", "--max-schema-complexity", "1000000",
+                       "--compile-timeout", "60", "--shutdown-timeout", "30") as (proc, base):
         results: list[httpx.Response] = []
         client = threading.Thread(target=lambda: results.append(
             httpx.post(base + "/v1/completions", json=_body(schema), timeout=60)))
@@ -187,7 +160,3 @@ def test_serve_exits_on_sigterm_while_a_real_compile_runs(tmp_path: Path) -> Non
         client.join(timeout=10)
         assert results[0].status_code == 503 and results[0].json()["error"]["type"] == "server_shutting_down"
         assert "Traceback" not in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
