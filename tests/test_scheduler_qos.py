@@ -307,3 +307,36 @@ def test_the_head_gets_the_chunk_that_makes_its_deadline_with_every_decode_kept(
     plan = s.schedule(now)
     assert {e.request_id for e in plan.entries} == {"d", "p"} and plan.num_prefill_tokens == 300
     assert now + cost.predict_shape(StepShape.of_plan(plan)) <= now - 0.45 + 0.5
+
+
+@pytest.mark.parametrize("fixed_s,per_token_s", [(0.02, 1e-4), (0.05, 1e-3), (0.1, 2e-3), (0.3, 3e-3)])
+def test_relegation_never_inverts_the_tiers(fixed_s, per_token_s):
+    """The server's default tiers under contention: 40 flex requests, then 8 probes of
+    each tier. Where the machine is too slow for the priority tier's 1 s TTFT its probes
+    are relegated; they must still come before the default tier's and those before the
+    flex tier's at the median (they used to wait behind all of the flex work: priority
+    7-41 s against flex 12-35 s on these step times)."""
+    import statistics
+
+    from sarathi_rt.commands.serve import DEFAULT_SERVICE_TIERS as tiers
+
+    cost = LinearCostModel(fixed_s=fixed_s, per_token_s=per_token_s)
+    s = create_scheduler(SchedulerConfig(token_budget=512, max_num_seqs=64, num_blocks=8192, qos_classes=tiers,
+                                         default_qos="default"), cost)
+    now, step, arrived, first = 0.0, 0, {}, {}
+    for i in range(40):
+        s.add_request(("stream", i), 200, 50, qos="flex", arrival_time=now)
+    while s.has_unfinished():
+        if step == 3:
+            for k in range(8):
+                for tier in tiers:
+                    s.add_request(("probe", tier, k), 200, 8, qos=tier, arrival_time=now)
+                    arrived[("probe", tier, k)] = now
+        plan = s.schedule(now)
+        now += cost.predict_shape(StepShape.of_plan(plan)) if plan.entries else 0.05
+        first.update((e.request_id, now) for e in plan.entries if e.emits_token and e.request_id not in first)
+        s.update(plan)
+        step += 1
+    median = {tier: statistics.median(first[("probe", tier, k)] - arrived[("probe", tier, k)] for k in range(8))
+              for tier in tiers}
+    assert median["priority"] <= median["default"] <= median["flex"], median

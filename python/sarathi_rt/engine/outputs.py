@@ -117,7 +117,7 @@ class RequestOutput:
     @property
     def relegated(self) -> bool:
         """True once the scheduler found the request could no longer make its QoS
-        class's first-token deadline: it was then served after the others."""
+        class's first-token deadline: it was then ranked by a fresh deadline of its class."""
         return self.metrics.relegated
 
     @property

@@ -24,7 +24,7 @@ class BatchPlan:
     """One step. `preempted` lists requests whose KV blocks were freed while this plan
     was built: the engine must drop their cached state; they re-prefill later.
     `relegated` lists requests found, while this plan was built, unable to make their
-    first-token deadline (QoS): they are served after the others from now on.
+    first-token deadline (QoS): from now on they rank by a fresh deadline of their class.
     `block_copies` lists (source, destination) KV blocks to copy before the step runs:
     the partly filled last prompt block of a request whose samples (n > 1) were just
     forked, one copy per sample that writes its own tokens after the prompt."""

@@ -28,37 +28,46 @@ class DeadlineOrder:
         step = model.predict_shape(StepShape.hybrid(prefill, 0, num_decodes, decode_kv))
         self.seconds_per_token = step / prefill if math.isfinite(step) else 0.0
 
-    def key(self, req: Request) -> tuple[bool, float, int]:
-        """Relegated requests last; then the next token's deadline plus `weight` times
-        the remaining prefill's seconds (EDF at 0, leaning to shortest-remaining-first
-        as it grows); then arrival."""
+    def key(self, req: Request) -> tuple[float, int]:
+        """The next token's deadline plus `weight` times the remaining prefill's seconds
+        (EDF at 0, leaning to shortest-remaining-first as it grows); then arrival.
+
+        A relegated request waiting for its first token ranks by a fresh deadline: its
+        class's ttft from when it was relegated. Its own deadline has passed, so ranking by
+        it would put it first and make every request behind it late too; ranking it after
+        every other request would invert the tiers (a priority request that the machine is
+        too slow to serve in 1 s would wait behind all of the flex tier's work). With a
+        fresh deadline it competes as its class does, and its key is still fixed (no
+        starvation)."""
         left = req.prefill_target - req.num_computed
-        return (req.relegated, req.next_deadline() + self.weight * left * self.seconds_per_token, req.arrival)
+        due = req.relegated_at + req.qos_class.ttft if req.relegated and req.num_generated == 0 \
+            else req.next_deadline()  # type: ignore[union-attr]
+        return (due + self.weight * left * self.seconds_per_token, req.arrival)
 
     def relegate(self, ordered: Iterable[Request]) -> list[Request]:
         """Walk `ordered` (by key) and relegate each request still waiting for its
         first token that cannot get it in time even if the prefill work ranked ahead
-        of it and its own ran back to back from now at the full-step rate. Their work
-        then no longer counts against the requests behind them (a relegated request
-        runs after every other), which is what stops one late request from making
-        every later one late too. A request of a higher priority class is saved, when
+        of it and its own ran back to back from now at the full-step rate. It is then
+        ranked by a fresh deadline (`key`), not by the one it missed, which is what stops
+        one late request from making every later one late too. A request of a higher priority class is saved, when
         it can be, by relegating instead lower-priority requests ranked ahead of it
         that are still waiting for their first token (the latest-ranked first): when
         not everyone can make it, the tight classes do. Returns the newly relegated."""
         kept: list[tuple[Request, int]] = []  # not relegated, in order, with their prefill left
         ahead, out = 0, []
         for req in ordered:
-            if req.relegated:
-                continue
             left = req.prefill_target - req.num_computed
+            if req.relegated:  # it runs in its place in the order, never relegated again
+                ahead += left
+                continue
             if req.num_generated == 0 and not self._in_time(req, ahead + left):
                 displaced, freed = self._displace(req, kept, ahead + left)
                 if not displaced:
-                    req.relegated = True
+                    req.relegated, req.relegated_at = True, self.now
                     out.append(req)
                     continue
                 for victim in displaced:
-                    victim.relegated = True
+                    victim.relegated, victim.relegated_at = True, self.now
                 kept = [(r, n) for r, n in kept if not r.relegated]
                 ahead -= freed
                 out += displaced

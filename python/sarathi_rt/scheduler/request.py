@@ -44,12 +44,14 @@ class Request:
     num_keyed: int = 0
     num_cached_tokens: int = 0
     arrival_step: int = 0  # the last step scheduled before the request was added (0: none)
-    # QoS: the class's name and deadlines, the arrival in seconds they count from, and
-    # whether the request can no longer make its first-token deadline (served last).
+    # QoS: the class's name and deadlines, the arrival in seconds they count from,
+    # whether the request can no longer make its first-token deadline, and when it was
+    # found so (its first token is then ranked by a fresh deadline from there).
     qos: str | None = None
     qos_class: QoSClass | None = None
     arrival_time: float = 0.0
     relegated: bool = False
+    relegated_at: float = 0.0
     # n > 1: the ids of the request's other samples, created (Scheduler._fork) when its
     # first prefill completes; empty afterwards.
     samples: tuple[Hashable, ...] = ()

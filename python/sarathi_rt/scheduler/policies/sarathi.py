@@ -48,8 +48,8 @@ class SarathiScheduler(Scheduler):
     them but the slack ones that step aside for a tighter prompt (_step_aside); the
     step's time limit is the tightest of the running decodes' next-token
     deadlines (and tbt_slo, if set), sized as above; the prefills in progress and the
-    waiting requests go in one order, by deadline.DeadlineOrder (relegated requests
-    last); a newcomer may be left partial while fewer than max_partial_prefills partial
+    waiting requests go in one order, by deadline.DeadlineOrder (a relegated request
+    by a fresh deadline of its class from when it was relegated); a newcomer may be left partial while fewer than max_partial_prefills partial
     prompts rank ahead of it (those behind it wait, holding their blocks)."""
 
     name = "sarathi"
@@ -130,7 +130,7 @@ class SarathiScheduler(Scheduler):
                               self.config.token_budget, len(fixed), sum(e.start_pos + 1 for e in fixed))
         pending = sorted(itertools.chain(prefills, self._waiting), key=order.key)
         plan.relegated.extend(r.request_id for r in order.relegate(pending))
-        pending.sort(key=lambda r: r.relegated)  # stable: the newly relegated move behind, in key order
+        pending.sort(key=order.key)  # the newly relegated move to their fresh deadlines
         prefills[:] = [r for r in pending if r.status is RequestStatus.RUNNING]
         self._waiting = deque(r for r in pending if r.status is RequestStatus.WAITING)
         return pending
