@@ -23,7 +23,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("xgrammar")
 
 from engine_faults import break_after  # noqa: E402
-from http_servers import start_draining  # noqa: E402
+from http_servers import serve_process, start_draining  # noqa: E402
 from metrics_text import samples  # noqa: E402
 from sarathi_rt import LLM  # noqa: E402
 from sarathi_rt.commands.serve import DEFAULT_SERVICE_TIERS  # noqa: E402
@@ -266,3 +266,40 @@ def test_a_worker_killed_mid_step() -> None:
 
         _fault_round(server, base, thread, worker_killed)
     llm.shutdown()
+
+
+def test_sigterm_while_streams_run_a_prompt_tokenizes_and_a_large_schema_compiles() -> None:
+    """`sarathi-rt serve` on SmolLM2 gets SIGTERM with two streams running, a long text
+    prompt being tokenized and a 1500-property schema compiling (the complexity limit
+    raised to let it in: seconds of xgrammar's C++): it exits 0 within the drain time plus
+    a few seconds, and every client gets an end (a finish, the shutdown error event, or a
+    503), none a cut connection."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1500)}}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 400,
+            "ignore_eos": True}
+    with serve_process("--model", MODEL, "--dtype", "float32", "--threads", "1", "--num-kv-blocks", "512",
+                       "--max-schema-complexity", "1000000", "--compile-timeout", "60",
+                       "--shutdown-timeout", "3") as (proc, base):
+        async def main() -> list[str]:
+            async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+                async def whole(body: dict[str, object], route: str) -> str:
+                    response = await client.post(route, json=body)
+                    return "done" if response.status_code == 200 else f"http {response.status_code}"
+
+                tasks = [asyncio.create_task(_stream(client, chat | {"stream": True}, None)) for _ in range(2)]
+                tasks.append(asyncio.create_task(whole(chat | {"max_tokens": 8, "response_format": {
+                    "type": "json_schema", "json_schema": {"name": "big", "schema": schema}}}, "/v1/chat/completions")))
+                tasks.append(asyncio.create_task(whole({"model": MODEL, "prompt": "the sea " * 2500, "max_tokens": 4},
+                                                       "/v1/completions")))
+                await asyncio.sleep(1.0)  # the streams decode, the schema compiles, the prompt tokenizes
+                start = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                ended = await asyncio.gather(*tasks)
+                assert await asyncio.to_thread(proc.wait, 30) == 0 and time.monotonic() - start < 3 + 10
+                return ended
+
+        ended = asyncio.run(main())
+        assert all(e in ("done", "error", "http 503") for e in ended), ended
+        assert ended[2] == "http 503", ended  # the compile was not waited for
+        assert "Traceback" not in proc.stderr.read()
+        print(f"\nfault lane SIGTERM: 4 requests (2 streams, a compile, a long prompt) -> {ended}, exit 0")
