@@ -213,11 +213,13 @@ class SarathiScheduler(Scheduler):
         context = head.num_computed if head is not None else 0
         quantum = cfg.tile_size or 1
         model, limit = self.step_time_model, self._step_seconds(b.reqs)
-        # The decodes' own step: no step this one builds is shorter.
-        decode_s = model.predict_shape(StepShape.hybrid(0, context, num_decodes,  # type: ignore[union-attr]
-                                                        decode_kv)) if plan.entries else 0.0
         pending = [*(r for r in prefills if r.status is RequestStatus.RUNNING), *self._waiting]
-        urgent = self._urgent_tokens(pending, max(limit, decode_s)) if cfg.deadline_aware else 0
+
+        def decode_seconds() -> float:  # the decodes' own step: no step this one builds is shorter
+            return model.predict_shape(StepShape.hybrid(0, context, num_decodes,  # type: ignore[union-attr]
+                                                         decode_kv)) if plan.entries else 0.0
+
+        urgent = self._urgent_tokens(pending, max(limit, decode_seconds())) if cfg.deadline_aware else 0
         if self._cache_binds():
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, max(urgent, self._arrival_pace(pending)))
@@ -230,7 +232,7 @@ class SarathiScheduler(Scheduler):
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, backlog=backlog,
                                         decode_steps=self._decode_steps(decodes))
-        if n == 0 and not (plan.entries and decode_s <= limit):
+        if n == 0 and not (plan.entries and decode_seconds() <= limit):
             # The rule that keeps admission alive on slow hardware: decodes that already
             # miss the limit never hold prefill back. Leaving prefill out cannot bring
             # their step within it, and would keep every waiting request out until the
