@@ -66,15 +66,17 @@ class AsyncLLMEngine:
         ValueError naming json_schema for a schema over max_schema_complexity (before any
         compile), one past compile_timeout or one xgrammar refuses, and
         grammar_pool.CompilesBusy when no compile slot came free in time. Cancelling the
-        caller abandons the wait, not the compile (see GrammarPool)."""
+        caller abandons the wait, not the compile (see GrammarPool). A cached schema
+        returns at once: its compile cost is paid (the server compiles before it adds)."""
+        if self.engine.grammar_compiled(schema):  # no thread, no slot, no second complexity walk
+            return
         if self.max_schema_complexity is not None:
             complexity = schema_complexity(json.loads(schema))
             if complexity > self.max_schema_complexity:
                 raise ValueError(f"json_schema is too complex to compile: complexity {complexity}, over the "
                                  f"limit of {self.max_schema_complexity} (about one per JSON value in it, more "
                                  "for long enums and many optional properties)")
-        if not self.engine.grammar_compiled(schema):  # a cached one needs no thread nor slot
-            await self.grammars.compile(schema)
+        await self.grammars.compile(schema)
 
     async def abort(self, request_id: Hashable) -> bool:
         """Abort a request; its stream ends with a finish_reason "abort" output. False if
