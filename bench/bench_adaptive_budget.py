@@ -35,7 +35,8 @@ from pathlib import Path
 
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim import HARDWARE, VidurCostModel
-from sarathi_rt.sim.budget import SIMULATOR_ADAPTIVE_CAP, choose_token_budget, loaded_curve
+from sarathi_rt.scheduler.config import ADAPTIVE_CAP
+from sarathi_rt.sim.budget import choose_token_budget, loaded_curve
 from sarathi_rt.sim.capacity import SLO, CapacityResult, simulated_capacity
 from sarathi_rt.step_time import StepShape
 from sarathi_rt.workloads import BUILTIN_TRACES, WorkloadConfig, data_path, make_workload
@@ -65,7 +66,7 @@ def capacity(task: tuple) -> tuple[tuple, str, list]:
     workload = WorkloadConfig(num_requests=args["num_requests"], lengths=trace, seed=seed)
     base = SchedulerConfig(max_num_seqs=128, num_blocks=cost.kv_cache_blocks(16), tile_size=128)
     if rule == "default":
-        cap = SIMULATOR_ADAPTIVE_CAP
+        cap = ADAPTIVE_CAP["gpu"]
         cfg = replace(base, token_budget=cap, chunk_size=cap, tbt_slo=slo_s)
     elif rule == "slo-static":
         curve = loaded_curve(cost, make_workload(workload), base.num_blocks, base.block_size)

@@ -48,10 +48,8 @@ PROBE_STEPS = 32  # every n/32-th of a simulated run's n steps is re-timed per p
 def serving_args(extra: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     add_common_args(p, policies="sarathi,vllm")
-    p.add_argument("--tbt-slo", type=float, default=None)
     args = p.parse_args(extra)
-    fill_defaults(args, num_requests=(12, 1000), length_scale=(1 / 8, 1.0), token_budget=(32, 512),
-                  max_num_seqs=(32, 128))
+    fill_defaults(args, num_requests=(12, 1000), length_scale=(1 / 8, 1.0))
     return args
 
 
@@ -84,7 +82,8 @@ def main() -> None:
     report = {}
     for spec in args.workloads.split(","):
         n, qps = spec.split("@")
-        common = ["--num-requests", n, "--policy", args.policies]
+        # The engine these runs were tuned on: 32-token steps of at most 32 requests.
+        common = ["--num-requests", n, "--policy", args.policies, "--token-budget", "32", "--max-num-seqs", "32"]
         engine = [*common, "--threads", str(args.threads), "--model", args.model]
         t0 = time.perf_counter()
         prof_dir = os.path.join(args.out, f"profile_{n}at{qps}")

@@ -508,7 +508,7 @@ def test_engine_adaptive_budget_learns_micro_batches_of_a_pipeline() -> None:
             super().submit(step)
             self.most_in_flight = max(self.most_in_flight, len(self._done))
 
-    config = EngineConfig("tiny", token_budget=32, max_num_seqs=8, num_kv_blocks=64, tbt_slo=10.0,
+    config = EngineConfig(model="tiny", token_budget=32, max_num_seqs=8, num_kv_blocks=64, tbt_slo=10.0,
                           pipeline_parallel_size=2)
     executor = TwoDeep(config)
     engine = LLMEngine(config, executor=executor)

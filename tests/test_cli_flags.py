@@ -1,6 +1,5 @@
-"""Every flag is read by the backend the command runs, or refused naming it; renamed
-flags keep their old spelling for a release, with a warning; light commands stay
-torch-free."""
+"""Every flag is read by the backend the command runs, or refused naming it; there are
+no second spellings; light commands stay torch-free."""
 from __future__ import annotations
 
 import json
@@ -15,15 +14,16 @@ from sarathi_rt.cli import main
 @pytest.mark.parametrize("argv, flag", [
     (["bench", "--simulate", "--model", "tiny"], "--model"),
     (["bench", "--simulate", "--threads", "2", "--dtype", "bfloat16"], "--dtype, --threads"),
-    (["bench", "--simulate", "--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+    (["bench", "--simulate", "--worker-timeout", "2"], "--worker-timeout"),
     (["bench", "--hardware", "h100"], "--hardware"),
-    (["bench", "--tp", "2"], "--tp"),
+    (["bench", "--simulate", "--seed", "1", "--kv-memory-fraction", "0.5"], "--kv-memory-fraction"),
     (["bench", "--vocab-size", "100"], "--vocab-size"),
     (["bench", "--endpoint", "http://127.0.0.1:9/v1", "--token-budget", "64"], "--token-budget"),
     (["bench", "--endpoint", "http://127.0.0.1:9/v1", "--policy", "vllm"], "--policy"),
     (["bench", "--simulate", "--step-profile", "p.json", "--num-layers", "40"], "--num-layers"),
     (["capacity", "--simulate", "--tbt-slo", "0.1", "--device", "cuda"], "--device"),
-    (["capacity", "--tbt-slo", "0.1", "--pipeline-stages", "2"], "--pipeline-stages"),
+    (["capacity", "--tbt-slo", "0.1", "--num-layers", "2"], "--num-layers"),
+    (["bench", "--endpoint", "http://127.0.0.1:9/v1", "--qos-srpf-weight", "2"], "--qos-srpf-weight"),
 ])
 def test_flag_the_backend_does_not_read_is_an_error(argv: list[str], flag: str, tmp_path) -> None:
     with pytest.raises(ValueError, match=f"^{flag} not used by"):
@@ -35,15 +35,16 @@ def test_two_profiles_exclude_each_other(tmp_path) -> None:
         main(["bench", "--simulate", "--step-profile", "p.json", "--vidur-profile", "m.csv", "--out", str(tmp_path)])
 
 
-def test_old_profile_flag_warns_and_maps_by_format(tmp_path, capsys) -> None:
-    with pytest.warns(DeprecationWarning, match="--vidur-profile"):
-        with pytest.raises(ValueError, match="--vidur-profile 'no_such.csv'"):
-            main(["plan", "--qps", "1", "--tbt-slo", "0.1", "--profile", "no_such.csv"])
-    # JSON means a step profile: the vidur-only flags are then refused.
-    with pytest.warns(DeprecationWarning, match="--step-profile"):
-        with pytest.raises(ValueError, match="--hardware not used by the simulator with a --step-profile"):
-            main(["bench", "--simulate", "--profile", "p.json", "--hardware", "a100", "--out", str(tmp_path)])
-    assert "--profile is deprecated" in capsys.readouterr().out
+@pytest.mark.parametrize("command", ["bench", "capacity", "plan", "serve", "generate", "profile"])
+@pytest.mark.parametrize("old", ["--tp", "--pipeline-stages", "--num-blocks", "--profile", "--adaptive-budget",
+                                 "--prefix-caching"])
+def test_no_second_spelling(command: str, old: str, capsys) -> None:
+    """One spelling per flag: the old ones are unknown, not aliases."""
+    argv = [command, old] + ([] if old in ("--adaptive-budget", "--prefix-caching") else ["1"])
+    argv += ["--qps", "1", "--tbt-slo", "0.1"] if command == "plan" else []
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [
@@ -68,65 +69,78 @@ def test_default_budget_rule_with_a_tbt_slo(tmp_path, capsys) -> None:
     assert "each step sized to the 200 ms SLO, at most 4096 tokens" in capsys.readouterr().out
     assert main([*common, "--tbt-slo", "0.2", "--budget-rule", "slo-static"]) == 0
     assert "token budget from the 200 ms SLO" in capsys.readouterr().out
-    assert main([*common, "--tbt-slo", "0.2", "--token-budget", "256"]) == 0  # an explicit budget stays static
-    assert "token budget 256" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="--budget-rule applies only"):
+    assert main([*common, "--tbt-slo", "0.2", "--token-budget", "256"]) == 0  # a given budget is the cap
+    assert "each step sized to the 200 ms SLO, at most 256 tokens" in capsys.readouterr().out
+    assert main([*common, "--tbt-slo", "0.2", "--token-budget", "256", "--budget-rule", "fixed"]) == 0
+    assert "sarathi: token budget 256" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--budget-rule adaptive needs --tbt-slo"):
         main([*common, "--budget-rule", "adaptive"])
-    with pytest.raises(ValueError, match="--budget-tile not used"):
+    with pytest.raises(ValueError, match="--budget-tile is used only by --budget-rule slo-static"):
         main([*common, "--tbt-slo", "0.2", "--budget-tile", "64"])
+    with pytest.raises(ValueError, match="slo-static derives the token budget"):
+        main([*common, "--tbt-slo", "0.2", "--token-budget", "256", "--budget-rule", "slo-static"])
 
 
-@pytest.mark.parametrize("argv, budget, slo", [([], 256, None), (["--tbt-slo", "0.1"], 512, 0.1),
-                                               (["--tbt-slo", "0.1", "--token-budget", "128"], 128, 0.1)])
-def test_serve_takes_the_default_budget_rule(monkeypatch, argv: list[str], budget: int, slo: float | None) -> None:
-    pytest.importorskip("fastapi")
-    import sarathi_rt.llm
-
-    seen = {}
-
-    def fake_llm(model: str, **kwargs: object) -> None:
-        seen.update(kwargs)
-        raise ValueError("stop before loading a model")
-
-    monkeypatch.setattr(sarathi_rt.llm, "LLM", fake_llm)
-    assert main(["serve", "--model", "tiny", *argv]) != 0
-    assert (seen["token_budget"], seen["tbt_slo"]) == (budget, slo)
-
-
-def _serve_options(monkeypatch, argv: list[str]) -> dict:
+def _serve_options(monkeypatch, argv: list[str], code: int = 2) -> dict:
     """The options `serve argv` gives LLM (stopped before a model loads)."""
     pytest.importorskip("fastapi")
     import sarathi_rt.llm
 
     seen: dict = {}
 
-    def fake_llm(model: str, **kwargs: object) -> None:
+    def fake_llm(**kwargs: object) -> None:
         seen.update(kwargs)
         raise ValueError("stop before loading a model")
 
     monkeypatch.setattr(sarathi_rt.llm, "LLM", fake_llm)
-    assert main(["serve", "--model", "tiny", *argv]) == 2
+    assert main(["serve", "--model", "tiny", *argv]) == code
     return seen
 
 
+@pytest.mark.parametrize("argv, budget, slo", [([], 512, None), (["--tbt-slo", "0.1"], 512, 0.1),
+                                               (["--tbt-slo", "0.1", "--token-budget", "128"], 128, 0.1),
+                                               (["--tbt-slo", "0.1", "--budget-rule", "fixed"], 512, None)])
+def test_serve_takes_the_default_budget_rule(monkeypatch, argv: list[str], budget: int, slo: float | None) -> None:
+    seen = _serve_options(monkeypatch, argv)
+    assert (seen["token_budget"], seen["tbt_slo"]) == (budget, slo)
+
+
 def test_serve_passes_every_engine_flag(monkeypatch) -> None:
-    seen = _serve_options(monkeypatch, ["--block-size", "8", "--tile-size", "64", "--no-prefix-caching",
+    seen = _serve_options(monkeypatch, ["--block-size", "8", "--tile-size", "64", "--no-enable-prefix-caching",
                                         "--chunk-size", "32", "--max-num-seqs", "4", "--seed", "3",
-                                        "--num-kv-blocks", "50", "--max-model-len", "96", "--policy", "vllm"])
+                                        "--num-kv-blocks", "50", "--max-model-len", "96", "--watermark", "0.05",
+                                        "--slo-margin", "0.2", "--qos-srpf-weight", "0.5",
+                                        "--long-prefill-threshold", "48"])
     assert {k: seen[k] for k in ("block_size", "tile_size", "enable_prefix_caching", "chunk_size", "max_num_seqs",
-                                 "seed", "num_kv_blocks", "max_model_len", "policy")} == \
+                                 "seed", "num_kv_blocks", "max_model_len", "watermark", "slo_margin",
+                                 "qos_srpf_weight", "long_prefill_threshold")} == \
         {"block_size": 8, "tile_size": 64, "enable_prefix_caching": False, "chunk_size": 32, "max_num_seqs": 4,
-         "seed": 3, "num_kv_blocks": 50, "max_model_len": 96, "policy": "vllm"}
+         "seed": 3, "num_kv_blocks": 50, "max_model_len": 96, "watermark": 0.05, "slo_margin": 0.2,
+         "qos_srpf_weight": 0.5, "long_prefill_threshold": 48}
     assert _serve_options(monkeypatch, ["--tile-size", "auto"])["tile_size"] == "auto"
-    assert _serve_options(monkeypatch, [])["enable_prefix_caching"] is True
+    assert "enable_prefix_caching" not in _serve_options(monkeypatch, [])  # the tree's default (on) applies
 
 
-@pytest.mark.parametrize("argv, says", [(["--budget-rule", "adaptive"], "--budget-rule applies only"),
-                                        (["--tbt-slo", "0.1", "--budget-tile", "64"], "--budget-tile not used"),
-                                        (["--tile-size", "big"], "--tile-size must be")])
-def test_serve_refuses_flags_that_do_not_apply(monkeypatch, capsys, argv: list[str], says: str) -> None:
-    _serve_options(monkeypatch, argv)
+@pytest.mark.parametrize("argv, says", [
+    (["--budget-rule", "adaptive"], "--budget-rule adaptive needs --tbt-slo"),
+    (["--tbt-slo", "0.1", "--budget-tile", "64"], "--budget-tile is used only by"),
+    (["--policy", "vllm", "--chunk-size", "64"], "chunk_size is not used by policy 'vllm'"),
+    (["--policy", "orca", "--qos-policy", "deadline"], "qos_policy 'deadline' is not supported by policy 'orca'"),
+    (["--policy", "vllm", "--tbt-slo", "0.1", "--budget-rule", "adaptive"], "not supported by policy 'vllm'"),
+    (["--token-budget", "64", "--tile-size", "128"], "token_budget (64) is below one tile"),
+    (["--watermark", "1.5"], "watermark must be in [0, 1), got 1.5"),
+])
+def test_serve_refuses_flags_that_do_not_apply(capsys, argv: list[str], says: str) -> None:
+    """Contradictions are errors from the config tree itself, before a model loads."""
+    pytest.importorskip("fastapi")
+    assert main(["serve", "--model", "tiny", *argv]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_tile_size_flag_takes_an_int_or_auto(capsys) -> None:
+    pytest.importorskip("fastapi")
+    assert main(["serve", "--tile-size", "big"]) == 2
+    assert "tile_size must be an int or 'auto', got 'big'" in capsys.readouterr().err
 
 
 def test_serve_slo_static_budget_is_measured_on_the_engine(monkeypatch, capsys) -> None:

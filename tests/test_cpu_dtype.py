@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import sarathi_rt.engine.config
+import sarathi_rt.config.tree
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.cli import main
 from sarathi_rt.engine import EngineConfig, worker
@@ -21,7 +21,7 @@ WITHOUT_BF16 = [set(), {"avx2", "fma", "avx512f", "avx512_vnni"}]
 
 
 def _fake_flags(monkeypatch: pytest.MonkeyPatch, flags: set[str]) -> None:
-    monkeypatch.setattr(sarathi_rt.engine.config, "cpu_flags", lambda: set(flags))
+    monkeypatch.setattr(sarathi_rt.config.tree, "cpu_flags", lambda: set(flags))
 
 
 def _bf16_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -126,8 +126,8 @@ def test_serve_and_bench_leave_the_dtype_to_the_rule() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
     serve.add_parser(sub), bench.add_parser(sub)
-    assert serve._engine_options(parser.parse_args(["serve"]))["dtype"] is None
-    assert serve._engine_options(parser.parse_args(["serve", "--dtype", "float32"]))["dtype"] == "float32"
+    assert "dtype" not in serve.engine_options(parser.parse_args(["serve"]))[0]
+    assert serve.engine_options(parser.parse_args(["serve", "--dtype", "float32"]))[0]["dtype"] == "float32"
     args = parser.parse_args(["bench", "--model", "tiny"])
     fill_defaults(args)
-    assert args.dtype is None  # EngineBackend passes it to EngineConfig as is
+    assert "dtype" not in args.options  # EngineConfig applies the rule

@@ -246,8 +246,8 @@ def test_bad_parallel_sizes_raise_before_spawning(kwargs: dict, match: str) -> N
 
 
 def test_bad_worker_timeout() -> None:
-    with pytest.raises(ValueError, match="worker_timeout must be a positive number"):
-        EngineConfig("tiny", worker_timeout=0)
+    with pytest.raises(ValueError, match="worker_timeout must be a positive finite number of seconds"):
+        EngineConfig(model="tiny", worker_timeout=0)
 
 
 @pytest.mark.slow

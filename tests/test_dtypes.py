@@ -5,7 +5,7 @@ import torch
 
 from sarathi_rt import ops
 from sarathi_rt.utils.dtypes import cuda_dtype, parse_dtype
-from sarathi_rt.engine.config import EngineConfig
+from sarathi_rt.config import EngineConfig
 from sarathi_rt.engine.kv_cache import KVCacheShape
 
 

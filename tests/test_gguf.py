@@ -131,15 +131,15 @@ def test_bfloat16_compute_dtype(q4_1) -> None:
 def test_engine_on_a_gguf_takes_the_cpu_dtype_rule(q4_1, monkeypatch) -> None:
     """The engine's dtype rule (tests/test_cpu_dtype.py) applies to a GGUF model as to any:
     bfloat16 where the CPU has native BF16, float32 (and a fallback from bfloat16) elsewhere."""
-    import sarathi_rt.engine.config
+    import sarathi_rt.config.tree
 
     path = str(q4_1[0])
-    monkeypatch.setattr(sarathi_rt.engine.config, "cpu_flags", lambda: {"avx512_bf16"})
+    monkeypatch.setattr(sarathi_rt.config.tree, "cpu_flags", lambda: {"avx512_bf16"})
     with LLM(path, num_kv_blocks=8, block_size=8) as llm:
         model = llm.engine.executor.worker.model
         assert all(torch.equal(a, b) and a.dtype == torch.bfloat16
                    for a, b in zip(model.parameters(), load_model(path, dtype="bfloat16").parameters()))
-    monkeypatch.setattr(sarathi_rt.engine.config, "cpu_flags", lambda: set())
+    monkeypatch.setattr(sarathi_rt.config.tree, "cpu_flags", lambda: set())
     for dtype in (None, "bfloat16"):
         with LLM(path, dtype=dtype, num_kv_blocks=8, block_size=8) as llm:
             assert llm.engine.executor.worker.model.dtype == torch.float32

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import sarathi_rt.engine.config
+import sarathi_rt.config.tree
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.engine.outputs import RequestOutput
 
@@ -30,7 +30,7 @@ BF16_LOGPROB_SHIFT = 0.1
 
 @pytest.fixture(params=list(KINDS))
 def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(sarathi_rt.engine.config, "cpu_flags", lambda: set(KINDS[request.param]))
+    monkeypatch.setattr(sarathi_rt.config.tree, "cpu_flags", lambda: set(KINDS[request.param]))
     return request.param
 
 

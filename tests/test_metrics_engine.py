@@ -63,7 +63,7 @@ def test_profile_step_time_on_the_engine(engine) -> None:
 def test_bench_on_the_engine(tmp_path) -> None:
     out = tmp_path / "b"
     assert main(["bench", "--model", "tiny", "--num-requests", "6", "--qps", "20", "--length-scale", "0.01",
-                 "--token-budget", "16", "--max-num-seqs", "8", "--num-blocks", "256",
+                 "--token-budget", "16", "--max-num-seqs", "8", "--num-kv-blocks", "256",
                  "--threads", str(torch.get_num_threads()), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary) == {"sarathi", "vllm", "orca"}
@@ -75,8 +75,8 @@ def test_capacity_on_the_engine_with_slo_budget(tmp_path) -> None:
     out = tmp_path / "c"
     assert main(["capacity", "--model", "tiny", "--num-requests", "4", "--max-probes", "2", "--tbt-slo", "5",
                  "--budget-rule", "slo-static",
-                 "--qps-start", "8", "--max-num-seqs", "8", "--num-blocks", "256", "--budget-tile", "16",
+                 "--qps-start", "8", "--max-num-seqs", "8", "--num-kv-blocks", "256", "--budget-tile", "16",
                  "--threads", str(torch.get_num_threads()), "--out", str(out)]) == 0
     probes = json.loads((out / "capacity_probes.json").read_text())
-    assert probes["token_budget"] == 128  # every profiled step of the tiny model is far below 5 s
+    assert probes["token_budget"]["sarathi"] == 128  # every profiled step of the tiny model is far below 5 s
     assert set(json.loads((out / "capacity.json").read_text())) == {"sarathi", "vllm"}

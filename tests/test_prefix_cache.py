@@ -3,7 +3,7 @@ every policy, and a randomized run that checks refcounts, block accounting and t
 
 import pytest
 
-from sarathi_rt.scheduler import SchedulerConfig, available_policies, block_hashes, create_scheduler
+from sarathi_rt.scheduler import get_policy, SchedulerConfig, available_policies, block_hashes, create_scheduler
 
 
 def make(**kw):
@@ -117,7 +117,7 @@ def test_a_waiting_request_whose_matched_blocks_are_evicted_recomputes_them():
 
 @pytest.mark.parametrize("policy", available_policies())
 def test_every_policy_uses_the_cache(policy):
-    s = make(policy=policy, token_budget=64, chunk_size=16)
+    s = make(policy=policy, token_budget=64, **({"chunk_size": 16} if get_policy(policy).chunked else {}))
     shared = list(range(200, 232))
     s.add_request("warm", 33, 2, prompt_token_ids=shared + [1])
     drain(s)

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from sarathi_rt.scheduler import SchedulerConfig, available_policies, create_scheduler
+from sarathi_rt.scheduler import get_policy, SchedulerConfig, available_policies, create_scheduler
 
 BS, NUM_BLOCKS, VOCAB = 4, 10, 50
 
@@ -87,7 +87,8 @@ class Driver:
 
 def run(policy: str, seed: int, steps: int) -> dict:
     rng = random.Random(seed)
-    s = create_scheduler(SchedulerConfig(policy=policy, token_budget=40, chunk_size=6, max_num_seqs=4,
+    s = create_scheduler(SchedulerConfig(policy=policy, token_budget=40, max_num_seqs=4,
+                                                **({"chunk_size": 6} if get_policy(policy).chunked else {}),
                                          block_size=BS, num_blocks=NUM_BLOCKS, watermark=0.0,
                                          enable_prefix_caching=True))
     d = Driver(s)

@@ -40,7 +40,7 @@ def test_simulator_charges_no_compute_for_cached_tokens(policy):
                                 decode_range=(4, 8), seed=0)
     cost = LinearCostModel(0.005, 1e-4)
     cfg = dict(policy=policy, token_budget=512, max_num_seqs=16, block_size=16, num_blocks=512)
-    off = simulate(wl, SchedulerConfig(**cfg), cost)
+    off = simulate(wl, SchedulerConfig(**cfg, enable_prefix_caching=False), cost)
     on = simulate(wl, SchedulerConfig(**cfg, enable_prefix_caching=True), cost)
     cached = sum(r.num_cached_tokens for r in on.requests)
     prompt = sum(r.num_prompt_tokens for r in wl)

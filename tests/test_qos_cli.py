@@ -43,9 +43,9 @@ def test_capacity_by_attainment(classes, tmp_path, capsys) -> None:
     (["--qos-classes", "CLASSES", "--qos-mix", "chat=0.5,batch=0.4"], "--qos-mix: qos_mix fractions must sum to 1"),
     (["--qos-classes", "CLASSES", "--qos-mix", "chat:1"], "--qos-mix must be NAME=FRACTION"),
     (["--qos-classes", "CLASSES", "--qos-mix", "gold=1"], r"--qos-mix names \['gold'\]"),
-    (["--qos-classes", "NOTJSON", "--qos-mix", "chat=1"], "--qos-classes .* is not valid JSON"),
-    (["--qos-classes", "BADCLASS", "--qos-mix", "chat=1"], r"--qos-classes\['chat'\]: tbt must be"),
-    (["--qos-classes", "MISSING", "--qos-mix", "chat=1"], "--qos-classes .*No such file"),
+    (["--qos-classes", "NOTJSON", "--qos-mix", "chat=1"], "qos_classes .* is not valid JSON"),
+    (["--qos-classes", "BADCLASS", "--qos-mix", "chat=1"], r"qos_classes\['chat'\]: tbt must be"),
+    (["--qos-classes", "MISSING", "--qos-mix", "chat=1"], "qos_classes .*No such file"),
 ])
 def test_bad_qos_flags_name_the_flag(extra, match, classes, tmp_path) -> None:
     (tmp_path / "bad.json").write_text("{chat: 1")

@@ -77,7 +77,7 @@ def test_configs_with_classes_pickle() -> None:
     # that does not pickle broke `launch ... serve`, whose default tiers are classes.
     import pickle
 
-    from sarathi_rt.engine.config import EngineConfig
+    from sarathi_rt.config import EngineConfig
     from sarathi_rt.scheduler import QoSClass, SchedulerConfig
 
     classes = {"chat": QoSClass(1.0, 0.1), "batch": QoSClass(60.0, 1.0)}

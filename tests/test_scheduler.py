@@ -2,7 +2,7 @@
 preemption, aborts, pipelining and validation."""
 import pytest
 
-from sarathi_rt.scheduler import (BatchPlan, RequestStatus, SchedulerConfig,
+from sarathi_rt.scheduler import (BatchPlan, RequestStatus, SchedulerConfig, get_policy,
                                   available_policies, create_scheduler, suggest_chunk_size)
 
 
@@ -175,7 +175,8 @@ def test_request_that_can_never_fit_is_rejected():
 
 @pytest.mark.parametrize("policy", available_policies())
 def test_abort_in_every_state(policy):
-    s = make(policy=policy, token_budget=256, chunk_size=64, max_num_seqs=2)
+    chunk = {"chunk_size": 64} if get_policy(policy).chunked else {}
+    s = make(policy=policy, token_budget=256, max_num_seqs=2, **chunk)
     s.add_request("decoding", 10, 20)
     s.add_request("prefilling", 200, 20)
     s.add_request("waiting", 10, 20)

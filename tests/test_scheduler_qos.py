@@ -44,7 +44,8 @@ def test_qos_class_cumulative_deadlines():
     ({"qos_classes": {"chat": {"ttft": -1.0, "tbt": 0.1}}}, r"qos_classes\['chat'\]: ttft must be"),
     ({"qos_classes": CLASSES, "qos_policy": "edf"}, "qos_policy must be one of"),
     ({"qos_classes": CLASSES, "qos_srpf_weight": -1.0}, "qos_srpf_weight"),
-    ({"qos_classes": CLASSES, "policy": "vllm", "token_budget": 4096}, "qos_policy 'deadline' is not supported"),
+    ({"qos_classes": CLASSES, "policy": "vllm", "token_budget": 4096, "qos_policy": "deadline"},
+     "qos_policy 'deadline' is not supported"),
 ])
 def test_config_rejects_bad_qos(kwargs, match):
     with pytest.raises(ValueError, match=match):

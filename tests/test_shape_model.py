@@ -141,7 +141,7 @@ def test_measure_the_engine_by_shape() -> None:
 def test_bench_simulates_a_saved_profile(tmp_path) -> None:
     _profile().save(tmp_path / "p.json")
     out = tmp_path / "b"
-    assert main(["bench", "--simulate", "--profile", str(tmp_path / "p.json"), "--policy", "sarathi",
+    assert main(["bench", "--simulate", "--step-profile", str(tmp_path / "p.json"), "--policy", "sarathi",
                  "--num-requests", "10", "--length-scale", "0.02", "--token-budget", "64", "--max-num-seqs", "8",
                  "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())["sarathi"]

@@ -47,8 +47,8 @@ def test_vllm_stalls_decodes_sarathi_does_not() -> None:
     wl = make_workload(WorkloadConfig(num_requests=60, qps=20.0, lengths="uniform", prompt_range=(50, 400),
                                       decode_range=(20, 60), seed=3))
     cost = LinearCostModel(0.005, 2e-4)
-    sar = simulate(wl, SchedulerConfig("sarathi", token_budget=64, max_num_seqs=32, num_blocks=2048), cost)
-    vll = simulate(wl, SchedulerConfig("vllm", token_budget=512, max_num_seqs=32, num_blocks=2048), cost)
+    sar = simulate(wl, SchedulerConfig(policy="sarathi", token_budget=64, max_num_seqs=32, num_blocks=2048), cost)
+    vll = simulate(wl, SchedulerConfig(policy="vllm", token_budget=512, max_num_seqs=32, num_blocks=2048), cost)
     assert all(r.finish_time is not None for r in sar.requests + vll.requests)
     assert sar.summary().tbt.max <= 0.005 + 64 * 2e-4 + 1e-12
     assert vll.summary().tbt.p99 > 2 * sar.summary().tbt.p99

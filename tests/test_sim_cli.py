@@ -35,15 +35,15 @@ def test_bench_rejects_bad_flags(tmp_path) -> None:
     with pytest.raises(ValueError, match="qps"):
         main(["bench", "--simulate", "--qps", "-1", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="tp=3"):
-        main(["bench", "--simulate", "--tp", "3", "--out", str(tmp_path)])
+        main(["bench", "--simulate", "--tensor-parallel-size", "3", "--out", str(tmp_path)])
 
 
 def test_bench_adaptive_budget_flags(tmp_path, capsys) -> None:
-    with pytest.raises(ValueError, match="--adaptive-budget needs --tbt-slo"):
-        main(["bench", "--simulate", "--adaptive-budget", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--budget-rule adaptive needs --tbt-slo"):
+        main(["bench", "--simulate", "--budget-rule", "adaptive", "--out", str(tmp_path)])
     out = tmp_path / "a"
     assert main(["bench", "--simulate", "--policy", "sarathi", "--num-requests", "20", "--qps", "2",
-                 "--adaptive-budget", "--tbt-slo", "0.12", "--ttft-slo", "2", "--hardware", "h200",
+                 "--token-budget", "4096", "--tbt-slo", "0.12", "--ttft-slo", "2", "--hardware", "h200",
                  "--out", str(out)]) == 0
     record = json.loads((out / "summary.json").read_text())["sarathi"]
     assert record["tbt_max"] <= 0.12 and record["tbt_target"] == 0.12 and record["goodput"] > 0

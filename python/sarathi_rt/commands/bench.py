@@ -20,18 +20,17 @@ from sarathi_rt.measure.metrics import MetricsSummary, QoSSummary, save_requests
 from sarathi_rt.measure.slo import SLOMetrics, slo_metrics
 from sarathi_rt.workloads import make_workload
 
-from ._serving import (REAL_MODEL, EndpointBackend, EngineBackend, SimBackend, add_common_args, fill_defaults,
-                       make_backend, optional_plots, parse_policies, slo_derived_budget, workload_config)
+from sarathi_rt.scheduler import get_policy
+
+from ._serving import (EndpointBackend, EngineBackend, SimBackend, add_common_args, fill_defaults, make_backend,
+                       optional_plots, parse_policies, policy_budget, slo_derived_budget, workload_config)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="compare scheduling policies on one workload",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(p, policies="sarathi,vllm,orca", model=REAL_MODEL)
+    add_common_args(p, policies="sarathi,vllm,orca")
     p.add_argument("--qps", type=float, default=None, help="request rate (default: 0.75 on the engine, 1.5 simulated)")
-    p.add_argument("--tbt-slo", type=float, default=None,
-                   help="time-between-tokens target (s) of goodput; without --token-budget it also sizes "
-                        "the steps (see --budget-rule)")
     p.add_argument("--ttft-slo", type=float, default=None, help="time-to-first-token target (s) of goodput")
     e = p.add_argument_group("endpoint (instead of the engine)")
     e.add_argument("--endpoint", default=None, metavar="URL",
@@ -42,8 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fill_defaults(args, qps=(0.75, 1.5), num_requests=(12, 1000), length_scale=(1 / 8, 1.0),
-                  token_budget=(32, 512), max_num_seqs=(32, 128))
+    fill_defaults(args, qps=(0.75, 1.5), num_requests=(12, 1000), length_scale=(1 / 8, 1.0))
     policies = ["endpoint"] if args.endpoint else parse_policies(args.policy)
     backend = make_backend(args)
     try:
@@ -56,12 +54,10 @@ def _bench(args: argparse.Namespace, policies: list[str], backend: SimBackend | 
            ) -> int:
     workload = make_workload(workload_config(args, args.qps, backend.max_total_tokens))
     os.makedirs(args.out, exist_ok=True)
-    if args.token_budget is None:  # --budget-rule slo-static
-        args.token_budget = slo_derived_budget(args, backend)
-    mode = "simulator" if args.simulate else f"{args.model} on {args.device}"
-    budget = f"each step sized to the {args.tbt_slo * 1e3:g} ms SLO, at most {args.token_budget} tokens" \
-        if args.adaptive_budget else f"token budget {args.token_budget}"
-    mode = f"{backend.model} at {args.endpoint}" if args.endpoint else f"{mode}; chunked policies: {budget}"
+    if not args.endpoint:
+        slo_derived_budget(args, backend)
+    mode = f"{backend.model} at {args.endpoint}" if args.endpoint else \
+        f"{'simulator' if args.simulate else f'{args.model} on {args.device}'}; {budget_text(args, backend)}"
     # Timings are only comparable on an equally loaded machine: say how loaded this one is.
     print(f"sarathi-rt bench: {len(workload)} requests of {args.trace} (length x{args.length_scale:.4g}) at "
           f"{args.qps:g} QPS, {mode} (machine load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
@@ -108,6 +104,15 @@ def _bench(args: argparse.Namespace, policies: list[str], backend: SimBackend | 
 
 SAMPLE_CHATS = ["What is the capital of France?", "Name three colours of the rainbow.",
                 "Write one sentence about the sea."]
+
+
+def budget_text(args: argparse.Namespace, backend: SimBackend | EngineBackend) -> str:
+    """The budget the chunked policies get, as the budget rule chose it."""
+    chunked = [p for p in parse_policies(args.policy) if get_policy(p).chunked] or parse_policies(args.policy)
+    budget = policy_budget(args, chunked[0])
+    if budget.tbt_slo is not None:
+        return f"{chunked[0]}: each step sized to the {budget.tbt_slo * 1e3:g} ms SLO, at most {budget.token_budget} tokens"
+    return f"{chunked[0]}: token budget {budget.token_budget}"
 
 
 def show_answers(backend: EngineBackend, policy: str, workload: list) -> None:

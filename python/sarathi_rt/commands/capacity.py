@@ -21,15 +21,13 @@ from sarathi_rt.workloads import make_workload
 
 from .bench import format_slo_table
 from ._serving import EngineBackend, SimBackend, add_common_args, fill_defaults, make_backend, optional_plots, \
-    parse_policies, slo_derived_budget, workload_config
+    parse_policies, policy_budget, slo_derived_budget, workload_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("capacity", help="max QPS per policy under a TBT SLO",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, policies="sarathi,vllm")
-    p.add_argument("--tbt-slo", type=float, help="P99 time-between-tokens target (s); required without "
-                                                   "--qos-classes")
     p.add_argument("--attainment", type=float,
                    help="with --qos-classes: the share of each class's requests that must meet their deadlines "
                         "(default 0.99)")
@@ -42,12 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fill_defaults(args, num_requests=(12, 1000), length_scale=(1 / 8, 1.0), max_num_seqs=(32, 128))
+    fill_defaults(args, num_requests=(12, 1000), length_scale=(1 / 8, 1.0))
     policies = parse_policies(args.policy)
     slo: SLO | AttainmentSLO
     if args.qos_classes is not None:
-        if args.token_budget is None:
-            raise ValueError("--qos-classes without --tbt-slo needs --token-budget")
         slo = AttainmentSLO(0.99 if args.attainment is None else args.attainment)
     elif args.tbt_slo is None:
         raise ValueError("--tbt-slo is required (or --qos-classes with --qos-mix)")
@@ -62,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _capacity(args: argparse.Namespace, policies: list[str], slo: SLO, backend: SimBackend | EngineBackend) -> int:
     os.makedirs(args.out, exist_ok=True)
-    if args.token_budget is None:  # --budget-rule slo-static (the adaptive rule got its cap above)
-        args.token_budget = slo_derived_budget(args, backend)
+    slo_derived_budget(args, backend)
     config = workload_config(args, args.qps_start, backend.max_total_tokens)
     results: dict[str, CapacityResult] = {}
     tails: dict[str, dict[float, SLOMetrics]] = {p: {} for p in policies}  # by policy, then probed rate
@@ -87,7 +82,8 @@ def _capacity(args: argparse.Namespace, policies: list[str], slo: SLO, backend: 
     # The capacity is a probed rate that passed (or 0.0, never probed).
     at_capacity = {p: tails[p].get(r.max_qps) for p, r in results.items()}
     with open(os.path.join(args.out, "capacity_probes.json"), "w") as f:
-        json.dump({"token_budget": args.token_budget, "tbt_slo": args.tbt_slo, "ttft_slo": args.ttft_slo,
+        budgets = {p: policy_budget(args, p).token_budget for p in policies}
+        json.dump({"token_budget": budgets, "tbt_slo": args.tbt_slo, "ttft_slo": args.ttft_slo,
                    "probes": {p: [{**dataclasses.asdict(x), "slo": tails[p][x.qps].to_dict()} for x in r.probes]
                               for p, r in results.items()},
                    "at_capacity": {p: m and m.to_dict() for p, m in at_capacity.items()}}, f, indent=1)

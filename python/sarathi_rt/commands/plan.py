@@ -15,7 +15,6 @@ from sarathi_rt.sim.deploy import DeploymentRequest, DeploymentSLO, plan_deploym
 from sarathi_rt.sim import HARDWARE
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, WorkloadConfig, data_path
 
-from ._serving import DeprecatedAlias
 
 DEFAULT_PROFILE = "a100_llama-3-8b_mlp.csv.gz"
 
@@ -29,7 +28,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-sched-delay", type=float, default=2.0, help="P50 scheduling delay limit (s)")
     p.add_argument("--vidur-profile", metavar="CSV", default=DEFAULT_PROFILE,
                    help="vidur mlp.csv of the model: a path or a file shipped in sarathi_rt/data")
-    p.add_argument("--profile", dest="vidur_profile", action=DeprecatedAlias, help=argparse.SUPPRESS)
     p.add_argument("--num-layers", type=int, default=32, help="layers of the profiled model")
     p.add_argument("--hardware", choices=sorted(HARDWARE), default="a100")
     p.add_argument("--gpus-per-node", type=int, default=8, help="the largest tensor-parallel size")

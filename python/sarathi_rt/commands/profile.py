@@ -12,8 +12,7 @@ import statistics
 from sarathi_rt.sim.shape_model import ShapeCostModel
 from sarathi_rt.workloads import make_workload
 
-from ._serving import EngineBackend, add_common_args, fill_defaults, parse_policies, scheduler_config, \
-    workload_config
+from ._serving import EngineBackend, add_common_args, fill_defaults, parse_policies, policy_options, workload_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +20,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, policies="sarathi,vllm", simulator=False)
     p.add_argument("--qps", type=float, default=0.75, help="request rate of the host-overhead run")
-    p.add_argument("--tbt-slo", type=float, default=None, help=argparse.SUPPRESS)
     # Single timings of a batch jitter on a shared CPU; the median of enough shuffled
     # rounds keeps the dense-grid fit from following that noise (bench/RESULTS.md,
     # simulator fidelity, has the rounds it took).
@@ -32,8 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    fill_defaults(args, num_requests=(12, 1000), length_scale=(1 / 8, 1.0), token_budget=(32, 512),
-                  max_num_seqs=(32, 128))
+    fill_defaults(args, num_requests=(12, 1000), length_scale=(1 / 8, 1.0))
     policies = parse_policies(args.policy)
     backend = EngineBackend(args)
     try:
@@ -46,23 +43,28 @@ def _profile(args: argparse.Namespace, policies: list[str], backend: EngineBacke
     workload = make_workload(workload_config(args, args.qps, backend.max_total_tokens))
     context = round(statistics.mean(r.num_prompt_tokens + r.num_decode_tokens / 2 for r in workload))
     # The largest chunk any of the policies runs: vllm and orca prefill whole prompts.
-    max_chunk = max(scheduler_config(args, p, workload, 1).chunk_size or 0 for p in policies)
+    max_chunk = max(o.get("chunk_size") or o["token_budget"] for o in (policy_options(args, p, workload)
+                                                                        for p in policies))
     max_chunk = min(max_chunk, max(r.num_prompt_tokens for r in workload))
     from sarathi_rt.measure.replay import warm_up
     from sarathi_rt.measure.shape_profiling import profile_engine
+    import torch
+
     from sarathi_rt.utils.dtypes import dtype_name
 
     engine = backend.engine("sarathi", workload)
     # The dtype the engine chose (--dtype may be left to the CPU's BF16 rule).
-    settings = {"model": str(args.model), "device": args.device, "dtype": dtype_name(engine.config.dtype),
-                "threads": args.threads, "block_size": args.block_size,
-                "num_kv_blocks": engine.executor.num_kv_blocks, "max_num_seqs": args.max_num_seqs,
-                "token_budget": args.token_budget, "max_total_tokens": backend.max_total_tokens,
+    config = engine.config
+    threads = torch.get_num_threads()
+    settings = {"model": str(args.model), "device": str(config.device), "dtype": dtype_name(config.dtype),
+                "threads": threads, "block_size": config.block_size,
+                "num_kv_blocks": engine.executor.num_kv_blocks, "max_num_seqs": config.max_num_seqs,
+                "token_budget": config.token_budget, "max_total_tokens": backend.max_total_tokens,
                 "context_len": context}
     warm_up(engine)
-    print(f"sarathi-rt profile: {args.model} on {args.device}, {args.threads} thread(s); decodes up to "
-          f"{args.max_num_seqs}, chunks up to {max_chunk}, contexts {max(1, context // 4)} and {context}")
-    profile = profile_engine(engine, context, args.max_num_seqs, max_chunk, workload[:args.calibration_requests],
+    print(f"sarathi-rt profile: {args.model} on {config.device}, {threads} thread(s); decodes up to "
+          f"{config.max_num_seqs}, chunks up to {max_chunk}, contexts {max(1, context // 4)} and {context}")
+    profile = profile_engine(engine, context, config.max_num_seqs, max_chunk, workload[:args.calibration_requests],
                              repeats=args.repeats, seed=args.seed, engine_settings=settings)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "step_profile.json")

@@ -1,88 +1,52 @@
-"""Everything an engine is built from, checked once."""
+"""The engine's config tree: every setting an engine is built from, each declared once
+(default, check, help) in the section it belongs to. `EngineConfig` composes the
+sections; `LLM(**kwargs)`, `LLMEngine`, `AsyncLLMEngine` and every command take it, and
+the commands' flags are built from the same fields (`sarathi_rt.config.flags`)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+from sarathi_rt.scheduler.config import CacheOptions, SchedulerConfig, SchedulingOptions
+from sarathi_rt.utils.checks import fraction, non_negative_int, positive_int, positive_number
+from sarathi_rt.utils.cpu import DTYPE_HELP, bf16_forced, cpu_dtype, cpu_flags
+from sarathi_rt.utils.options import option
 
-from sarathi_rt.models import ModelConfig, parse_dtype
-from sarathi_rt.scheduler.qos import QoSClass, check_qos_settings
-from sarathi_rt.utils.cpu import bf16_forced, cpu_dtype, cpu_flags
-from sarathi_rt.utils.dtypes import DTypeLike, cuda_dtype, dtype_name
+if TYPE_CHECKING:
+    import torch
+
+    from sarathi_rt.models import ModelConfig
 
 log = logging.getLogger("sarathi_rt")
 
-
-DEFAULT_MAX_NUM_SEQS = 128
-
-
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """model: a Hugging Face directory or a preset name (tiny, cpu-small, llama3-8b).
-    dtype None: on the CPU bfloat16 where it has native BF16 (AVX512-BF16 or AMX), else
-    float32; an explicit bfloat16 on a CPU without it runs float32 with a warning unless
-    SARATHI_RT_CPU_BF16=emulate (the rule: sarathi_rt.utils.cpu); on CUDA bfloat16 from
-    SM 8.0, float16 before (utils.dtypes.cuda_dtype: the kernels take no float32).
-    chunk_size None means the token budget. max_num_seqs None means
-    min(DEFAULT_MAX_NUM_SEQS, token_budget) (a step carries every running decode).
-    num_kv_blocks None sizes the cache for what max_num_seqs full-length requests can
-    use, capped by kv_memory_fraction of free memory (0.9 of free GPU memory; on the CPU
-    0.5 of MemAvailable and at most 4 GiB, see engine.memory). tile_size:
-    None, an int, or "auto" (the GEMM tile the ops choose for this model, if any).
-    max_model_len None means the model's max_position_embeddings. seed picks the random
-    weights of a preset and the seeds of requests that bring none.
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions:
+    """What runs, and where."""
 
-    tensor_parallel_size x pipeline_parallel_size > 1 runs the model in that many worker
-    processes (one GPU each on CUDA); worker_timeout (seconds) bounds every wait on them,
-    so a hung worker raises instead of hanging the engine.
+    SECTION = "model"
 
-    tbt_slo (seconds) turns on the adaptive token budget (policy sarathi): each step's
-    prefill is sized so that its time, as an online step-time model learned from the
-    engine's own steps predicts it, stays within the SLO; token_budget is then the cap.
-    With pipeline_parallel_size > 1 a step is a micro-batch and the model learns its
-    time from submission to output, the gap its requests see between two tokens.
-    enable_prefix_caching: requests share the KV blocks of prompt prefixes computed
-    before (outputs are the same with it on or off; see the README).
-    qos_classes / default_qos / qos_policy: QoS classes with deadlines, as
-    SchedulerConfig's; a request names its class in add_request(qos=). The deadline
-    policy sizes steps with the same online step-time model as tbt_slo. Outputs are the
-    same with and without classes (only order and timing move)."""
+    model: str | Path = option(DEFAULT_MODEL, "a named model (smollm2-135m-instruct, fetched on first use), a "
+                                              "GGUF file, a Hugging Face directory or a preset with seeded random "
+                                              "weights (tiny, cpu-small, llama3-8b)")
+    device: Any = option("cpu", "cpu or cuda[:N]")
+    dtype: Any = option(None, DTYPE_HELP, choices=("float32", "bfloat16", "float16"))
+    max_model_len: int | None = option(None, "longest sequence (prompt + generated) a request may reach "
+                                             "(default: the model's max_position_embeddings)")
+    seed: int = option(0, "seeds a preset's random weights and the sampling seed of requests that bring none")
+    threads: int | None = option(None, "CPU threads for torch and the kernels (default: torch's)")
 
-    model: str | Path
-    device: str | torch.device = "cpu"
-    dtype: DTypeLike | None = None
-    policy: str = "sarathi"
-    token_budget: int = 512
-    chunk_size: int | None = None
-    max_num_seqs: int | None = None
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    tile_size: int | str | None = None
-    seed: int = 0
-    max_model_len: int | None = None
-    kv_memory_fraction: float | None = None
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    worker_timeout: float = 300.0
-    tbt_slo: float | None = None
-    enable_prefix_caching: bool = True
-    qos_classes: Mapping[str, QoSClass] | None = None
-    default_qos: str | None = None
-    qos_policy: str = "deadline"
+    def _check_model(self) -> None:
+        import torch
 
-    def __post_init__(self) -> None:
-        if self.max_num_seqs is None and isinstance(self.token_budget, int):
-            object.__setattr__(self, "max_num_seqs", min(DEFAULT_MAX_NUM_SEQS, self.token_budget))
         if not isinstance(self.model, (str, Path)) or not str(self.model):
-            raise ValueError(f"model must be a directory path or a preset name, got {self.model!r}")
+            raise ValueError(f"model must be a directory path, a GGUF file, a named model or a preset, "
+                             f"got {self.model!r}")
         try:
             device = torch.device(self.device)
         except (RuntimeError, TypeError):
@@ -93,34 +57,80 @@ class EngineConfig:
             raise ValueError(f"device is {self.device!r} but no CUDA device is available")
         object.__setattr__(self, "device", device)
         object.__setattr__(self, "dtype", _compute_dtype(self.dtype, device))
-        for name in ("token_budget", "max_num_seqs", "block_size", "tensor_parallel_size",
-                     "pipeline_parallel_size"):
-            _positive(name, getattr(self, name))
-        for name in ("chunk_size", "num_kv_blocks", "max_model_len"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        if self.tile_size is not None and self.tile_size != "auto":
-            _positive("tile_size", self.tile_size)
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
-        object.__setattr__(self, "qos_classes", check_qos_settings(self.qos_classes, self.default_qos,
-                                                                   self.qos_policy))
-        if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
-            raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction!r}")
-        if isinstance(self.worker_timeout, bool) or not isinstance(self.worker_timeout, (int, float)) \
-                or not self.worker_timeout > 0:
-            raise ValueError(f"worker_timeout must be a positive number of seconds, got {self.worker_timeout!r}")
-        world = self.world_size
-        if device.type == "cuda" and world > 1 and world > torch.cuda.device_count():
-            raise ValueError(f"tensor_parallel_size x pipeline_parallel_size ({world}) exceeds the "
-                             f"{torch.cuda.device_count()} CUDA devices")
+        if self.max_model_len is not None:
+            positive_int("max_model_len", self.max_model_len)
+        non_negative_int("seed", self.seed)
+        if self.threads is not None:
+            positive_int("threads", self.threads)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryOptions:
+    """How much memory the KV cache takes."""
+
+    SECTION = "KV cache size"
+
+    num_kv_blocks: int | None = option(None, "KV cache blocks (default: what max_num_seqs full-length requests "
+                                             "can use, capped by kv_memory_fraction of free memory)")
+    kv_memory_fraction: float | None = option(None, "share of free memory the KV cache may take (default 0.9 "
+                                                    "on a GPU; on the CPU 0.5 of MemAvailable, at most 4 GiB)",
+                                              parse=float)
+
+    def _check_memory(self) -> None:
+        if self.num_kv_blocks is not None:
+            positive_int("num_kv_blocks", self.num_kv_blocks)
+        if self.kv_memory_fraction is not None:
+            fraction("kv_memory_fraction", self.kv_memory_fraction, closed_low=False, closed_high=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelOptions:
+    """Worker processes: tensor ranks x pipeline stages (one GPU each on CUDA)."""
+
+    SECTION = "parallelism"
+
+    tensor_parallel_size: int = option(1, "worker processes per pipeline stage (across machines: "
+                                          "python -m sarathi_rt.launch)")
+    pipeline_parallel_size: int = option(1, "pipeline stages")
+    worker_timeout: float = option(300.0, "seconds a worker may keep a step before the engine fails instead "
+                                          "of hanging")
+
+    def _check_parallel(self) -> None:
+        positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        positive_int("pipeline_parallel_size", self.pipeline_parallel_size)
+        positive_number("worker_timeout", self.worker_timeout, "seconds")
 
     @property
     def world_size(self) -> int:
         """Worker processes: one per (tensor rank, pipeline stage)."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+# The sections, in the order help and the docs list them.
+SECTIONS = (ModelOptions, SchedulingOptions, CacheOptions, MemoryOptions, ParallelOptions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig(ModelOptions, SchedulingOptions, CacheOptions, MemoryOptions, ParallelOptions):
+    """Everything an engine is built from, checked once: the fields of the sections above
+    (their help: `sarathi-rt serve --help`, or docs/configuration.md). Defaults that
+    depend on the device are resolved here: the dtype (the CPU's BF16 rule; bf16 from SM
+    8.0 on CUDA, else fp16: the CUDA kernels take no float32) and the adaptive budget's
+    cap. With pipeline_parallel_size > 1 a step is a micro-batch and the step-time model
+    learns its time from submission to output, the gap its requests see between two
+    tokens."""
+
+    def __post_init__(self) -> None:
+        self._check_model()
+        self._check_scheduling(gpu=self.device.type == "cuda")
+        self._check_cache()
+        self._check_memory()
+        self._check_parallel()
+        import torch
+
+        if self.device.type == "cuda" and self.world_size > 1 and self.world_size > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size x pipeline_parallel_size ({self.world_size}) exceeds the "
+                             f"{torch.cuda.device_count()} CUDA devices")
 
     def model_len(self, model_config: ModelConfig) -> int:
         """The longest sequence (prompt + generated) a request may reach."""
@@ -132,11 +142,29 @@ class EngineConfig:
                              f"max_position_embeddings ({limit})")
         return self.max_model_len
 
+    def scheduler_config(self, num_blocks: int, tile_size: int | None) -> SchedulerConfig:
+        """The scheduler's config: this tree's scheduling and cache sections, the cache's
+        size and the resolved tile. A prompt's next chunk waits for its previous one to
+        leave the pipeline, so each micro-batch in flight keeps its own partial prompt."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(SchedulingOptions)}
+        shared |= {f.name: getattr(self, f.name) for f in dataclasses.fields(CacheOptions)}
+        return SchedulerConfig(**shared | {"tile_size": tile_size}, num_blocks=num_blocks,
+                               max_partial_prefills=self.pipeline_parallel_size)
 
-def _compute_dtype(dtype: DTypeLike | None, device: torch.device) -> torch.dtype:
+
+def field_names(*sections: type) -> set[str]:
+    return {f.name for s in sections for f in dataclasses.fields(s)}
+
+
+def _compute_dtype(dtype: object, device: torch.device) -> torch.dtype:
     """The dtype the engine computes in: `dtype` checked, on CUDA one its kernels take, and
-    on the CPU chosen by the BF16 rule (warning once here, once per engine, when bf16 falls back to float32)."""
-    requested = None if dtype is None else dtype_name(parse_dtype(dtype))
+    on the CPU chosen by the BF16 rule (warning once here, once per engine, when bf16
+    falls back to float32)."""
+    import torch
+
+    from sarathi_rt.utils.dtypes import cuda_dtype, dtype_name, parse_dtype
+
+    requested = None if dtype is None else dtype_name(parse_dtype(dtype))  # type: ignore[arg-type]
     if device.type == "cuda":
         return parse_dtype(cuda_dtype(requested, torch.cuda.get_device_capability(device)))
     name, warning = cpu_dtype(requested, cpu_flags(), bf16_forced())

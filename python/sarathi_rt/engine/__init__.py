@@ -3,7 +3,7 @@ hands plain StepInputs to an executor of workers (model, the paged KV cache of
 `kv_cache`, the runner that builds each step's context once, the sampler), in process or
 in worker processes (`distributed`)."""
 from .async_engine import AsyncLLMEngine
-from .config import EngineConfig
+from sarathi_rt.config import EngineConfig
 from .executor import Executor, InProcessExecutor
 from .llm_engine import LLMEngine
 from .model_runner import ModelRunner

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
-from .config import EngineConfig
+from sarathi_rt.config import EngineConfig
 from .step_io import StepInput, StepOutput
 from .worker import Worker
 

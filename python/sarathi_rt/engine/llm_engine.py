@@ -14,11 +14,11 @@ from sarathi_rt.measure.metrics import RequestMetrics, StageMetrics, StepMetrics
 from sarathi_rt.models import resolve_config
 from sarathi_rt.utils.nvtx import nvtx_range
 from sarathi_rt.sampling import SamplingParams, as_int, sample_seed
-from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, create_scheduler
 from sarathi_rt.step_time.shape import StepShape
 from sarathi_rt.step_time.online import OnlineStepTimeModel
 
-from .config import EngineConfig
+from sarathi_rt.config import EngineConfig
 from sarathi_rt.text.detokenizer import Detokenizer, TextDecoder
 from .executor import Executor, InProcessExecutor
 from .outputs import RequestOutput
@@ -67,16 +67,8 @@ class LLMEngine:
         self.model_config, _ = resolve_config(config.model)
         self.max_model_len = config.model_len(self.model_config)
         self.executor = executor if executor is not None else _default_executor(config)
-        self.scheduler_config = SchedulerConfig(
-            policy=config.policy, token_budget=config.token_budget, chunk_size=config.chunk_size,
-            max_num_seqs=config.max_num_seqs, block_size=config.block_size,
-            num_blocks=self.executor.num_kv_blocks,
-            # A prompt's next chunk waits for its previous one to leave the pipeline, so
-            # each micro-batch in flight needs its own partial prompt to keep stages fed.
-            max_partial_prefills=config.pipeline_parallel_size,
-            enable_prefix_caching=config.enable_prefix_caching,
-            tile_size=resolve_tile_size(config.tile_size, self.model_config, config), tbt_slo=config.tbt_slo,
-            qos_classes=config.qos_classes, default_qos=config.default_qos, qos_policy=config.qos_policy)
+        self.scheduler_config = config.scheduler_config(
+            self.executor.num_kv_blocks, resolve_tile_size(config.tile_size, self.model_config, config))
         # The adaptive budget's step-time model learns from every step this engine runs.
         self.step_time_model = OnlineStepTimeModel() if self.scheduler_config.needs_step_time_model else None
         self.scheduler = create_scheduler(self.scheduler_config, self.step_time_model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sarathi_rt import ops
 from sarathi_rt.models import ModelConfig
 
-from .config import EngineConfig
+from sarathi_rt.config import EngineConfig
 
 
 def resolve_tile_size(tile_size: int | str | None, model: ModelConfig, config: EngineConfig) -> int | None:

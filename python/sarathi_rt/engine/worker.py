@@ -11,7 +11,7 @@ from sarathi_rt.engine.kv_cache import KVCache, KVCacheShape
 from sarathi_rt.models import ParallelLayout, load_model
 from sarathi_rt.utils.nvtx import nvtx_detail_range, nvtx_range
 
-from .config import EngineConfig
+from sarathi_rt.config import EngineConfig
 from .memory import auto_num_blocks, available_bytes
 from .model_runner import ModelRunner
 from .outputs import TokenLogprob
@@ -34,6 +34,8 @@ class Worker:
     def __init__(self, config: EngineConfig, layout: ParallelLayout | None = None, *,
                  kv_memory_fraction: float | None = None, allocate: bool = True) -> None:
         self.config = config
+        if config.threads is not None:  # every worker process, the engine's own included
+            torch.set_num_threads(config.threads)
         start = time.perf_counter()
         self.model = load_model(config.model, config.dtype, config.device, layout, config.seed)
         self.startup_seconds = {"weights": time.perf_counter() - start}

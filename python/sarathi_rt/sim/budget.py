@@ -134,18 +134,6 @@ def choose_token_budget(profile: StepTimeCurve, tbt_slo: float, tile_size: int =
     return best
 
 
-# The default budget rule, one for `bench`, `capacity`, `serve` and `LLM(tbt_slo=)`: given a
-# TBT SLO and no token budget, size every step to the SLO (the adaptive budget) with the
-# token budget only as its cap. A static budget is right for one load and one mix of
-# lengths; the adaptive one follows both, which is what a default must do on traces and
-# devices nobody tuned it for (bench/bench_adaptive_budget.py checks it against the best
-# static budget of a sweep on every shipped profile x hardware x trace x SLO x seed).
-# The caps only bound a step: the simulated GPU's steps reach thousands of tokens within
-# an SLO, the CPU engine's a few hundred.
-SIMULATOR_ADAPTIVE_CAP = 4096
-ENGINE_ADAPTIVE_CAP = 512
-
-
 def loaded_curve(cost_model: CostModel, requests: Sequence[RequestSpec], num_blocks: int, block_size: int, *,
                  num_decodes: int = 32) -> StepTimeCurve:
     """T(n) as the SLO-derived static budget (the rule before the adaptive one, still an

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from sarathi_rt.measure.metrics import StageMetrics
 from sarathi_rt.models import resolve_config
 
-from ..config import EngineConfig
+from sarathi_rt.config import EngineConfig
 from ..memory import CPU_FRACTION
 from ..step_io import StepInput, StepOutput
 from .process import STARTUP_TIMEOUT_S, Progress, Report, WorkerSpec, worker_main

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from sarathi_rt.measure.metrics import StageMetrics
 from sarathi_rt.models import resolve_config
 
-from ..config import EngineConfig
+from sarathi_rt.config import EngineConfig
 from ..step_io import StepInput, StepOutput
 from ..worker import Worker
 from .topology import Topology

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from sarathi_rt.models import resolve_config
 
-from ..config import EngineConfig
+from sarathi_rt.config import EngineConfig
 from ..memory import CPU_FRACTION
 from ..step_io import StepInput, StepOutput
 from ..worker import Worker
