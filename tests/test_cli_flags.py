@@ -97,9 +97,9 @@ def _serve_options(monkeypatch, argv: list[str], code: int = 2) -> dict:
     return seen
 
 
-@pytest.mark.parametrize("argv, budget, slo", [([], 512, None), (["--tbt-slo", "0.1"], 512, 0.1),
-                                               (["--tbt-slo", "0.1", "--token-budget", "128"], 128, 0.1),
-                                               (["--tbt-slo", "0.1", "--budget-rule", "fixed"], 512, None)])
+@pytest.mark.parametrize("argv, budget, slo", [([], 128, None), (["--tbt-slo", "0.1"], 512, 0.1),
+                                               (["--tbt-slo", "0.1", "--token-budget", "64"], 64, 0.1),
+                                               (["--tbt-slo", "0.1", "--budget-rule", "fixed"], 128, None)])
 def test_serve_takes_the_default_budget_rule(monkeypatch, argv: list[str], budget: int, slo: float | None) -> None:
     seen = _serve_options(monkeypatch, argv)
     assert (seen["token_budget"], seen["tbt_slo"]) == (budget, slo)
