@@ -8,7 +8,7 @@ import time
 import torch
 
 from sarathi_rt.engine.kv_cache import KVCache, KVCacheShape
-from sarathi_rt.models import ParallelLayout, load_model
+from sarathi_rt.models import CausalLM, ParallelLayout, load_model
 from sarathi_rt.utils.nvtx import nvtx_detail_range, nvtx_range
 
 from .config import EngineConfig
@@ -35,7 +35,7 @@ class Worker:
                  kv_memory_fraction: float | None = None, allocate: bool = True) -> None:
         self.config = config
         start = time.perf_counter()
-        self.model = load_model(config.model, config.dtype, config.device, layout, config.seed)
+        self.model: CausalLM = load_model(config.model, config.dtype, config.device, layout, config.seed)
         self.startup_seconds = {"weights": time.perf_counter() - start}
         shard = self.model.shard
         self.is_first, self.is_last = shard.is_first, shard.is_last
@@ -62,7 +62,7 @@ class Worker:
         self.num_kv_blocks = num_blocks
         self.kv_cache = KVCache(self.kv_shape, num_blocks, self.config.device)
         self.model.bind_kv_cache(self.kv_cache)
-        self.runner = ModelRunner(self.model, self.config.block_size, self.config.max_num_seqs,
+        self.runner = ModelRunner(self.model, self.kv_cache, self.config.block_size, self.config.max_num_seqs,
                                   self.config.token_budget)
         self.startup_seconds["kv_cache"] = time.perf_counter() - start
         start = time.perf_counter()

@@ -14,6 +14,7 @@ from .config import ModelConfig
 from .context import StepContext
 from .gguf import gguf_config, load_gguf
 from .hub import NAMED_MODELS, cache_dir, named_model_path
+from .interface import CausalLM
 from .llama import LlamaForCausalLM
 from .loader import hf_tensor_shapes, init_random, load_checkpoint
 from .parallel import ParallelLayout
@@ -62,6 +63,6 @@ def load_model(model: str | Path, dtype: str | torch.dtype = "float32", device: 
     return net.eval()
 
 
-__all__ = ["LlamaForCausalLM", "ModelConfig", "NAMED_MODELS", "PRESETS", "ParallelLayout", "StepContext",
+__all__ = ["CausalLM", "LlamaForCausalLM", "ModelConfig", "NAMED_MODELS", "PRESETS", "ParallelLayout", "StepContext",
            "cache_dir", "get_preset", "hf_tensor_shapes", "init_random", "load_checkpoint", "load_model",
            "parse_dtype", "resolve_config", "resolve_model_path"]
