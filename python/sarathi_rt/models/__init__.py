@@ -1,6 +1,8 @@
 """LLaMA-family models: config parsing (Hugging Face directories and GGUF files, read by
-`gguf_file`), presets with random weights, the model itself on `sarathi_rt.ops`, weight
-loading with its tensor-parallel layout, and models fetched by name."""
+`gguf_file`), the families by name (`registry`, one module each under `families/`),
+presets with random weights, the model itself on `sarathi_rt.ops` (behind the
+`interface` the engine talks to), weight loading with its tensor-parallel layout, and
+models fetched by name."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,6 +13,7 @@ from sarathi_rt.utils.dtypes import parse_dtype
 from sarathi_rt.models.gguf_file import open_gguf
 
 from .config import ModelConfig
+from . import families  # noqa: F401  registers the built-in families before the presets build configs
 from .context import StepContext
 from .gguf import gguf_config, load_gguf
 from .hub import NAMED_MODELS, cache_dir, named_model_path
@@ -19,6 +22,7 @@ from .llama import LlamaForCausalLM
 from .loader import hf_tensor_shapes, init_random, load_checkpoint
 from .parallel import ParallelLayout
 from .presets import PRESETS, get_preset
+from .registry import Family, available_architectures, get_family, register_family
 
 
 def resolve_model_path(model: str | Path) -> Path | None:
@@ -51,9 +55,10 @@ def resolve_config(model: str | Path) -> tuple[ModelConfig, Path | None]:
 def load_model(model: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
                layout: ParallelLayout | None = None, seed: int = 0) -> LlamaForCausalLM:
     """Build one stage of `model` (a HF directory, a GGUF file, a named model or a
-    preset) and fill its weights: from the checkpoint, or seeded random ones for a preset."""
+    preset) as its family's model class and fill its weights: from the checkpoint, or
+    seeded random ones for a preset."""
     config, path = resolve_config(model)
-    net = LlamaForCausalLM(config, parse_dtype(dtype), device, layout)
+    net = get_family(config.model_type).model_class(config, parse_dtype(dtype), device, layout)
     if path is None:
         init_random(net, seed)
     elif path.is_dir():
@@ -63,6 +68,7 @@ def load_model(model: str | Path, dtype: str | torch.dtype = "float32", device: 
     return net.eval()
 
 
-__all__ = ["CausalLM", "LlamaForCausalLM", "ModelConfig", "NAMED_MODELS", "PRESETS", "ParallelLayout", "StepContext",
-           "cache_dir", "get_preset", "hf_tensor_shapes", "init_random", "load_checkpoint", "load_model",
-           "parse_dtype", "resolve_config", "resolve_model_path"]
+__all__ = ["CausalLM", "Family", "LlamaForCausalLM", "ModelConfig", "NAMED_MODELS", "PRESETS", "ParallelLayout",
+           "StepContext", "available_architectures", "cache_dir", "get_family", "get_preset", "hf_tensor_shapes",
+           "init_random", "load_checkpoint", "load_model", "parse_dtype", "register_family", "resolve_config",
+           "resolve_model_path"]

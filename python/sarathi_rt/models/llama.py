@@ -1,4 +1,4 @@
-"""The LLaMA family (Llama 2/3, Mistral, Qwen2) built from sarathi_rt ops.
+"""The LLaMA layout (Llama 2/3, Mistral, Qwen2: see `families/`) built from sarathi_rt ops.
 
 Weights are stored fused: qkv_proj = [q; k; v] and gate_up_proj = [gate; up] along the
 output dimension, so each projection is one GEMM. Parameter names otherwise follow
