@@ -303,14 +303,15 @@ class EngineBackend:
     args: argparse.Namespace
 
     def __post_init__(self) -> None:
-        from sarathi_rt.models import resolve_config
+        from sarathi_rt.models import resolve_model
 
         import torch
 
         if self.args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.args.threads}")
         torch.set_num_threads(self.args.threads)
-        self.max_total_tokens = resolve_config(self.args.model)[0].max_position_embeddings
+        self.resolved_model = resolve_model(self.args.model)  # once for every engine this backend starts
+        self.max_total_tokens = self.resolved_model.config.max_position_embeddings
         self.num_blocks = self.args.num_blocks
         self._executor = None
         self.tokenizer = None
@@ -330,10 +331,10 @@ class EngineBackend:
                               worker_timeout=self.args.worker_timeout)
         if self._executor is None:  # the first engine starts the workers (in-process, spawned or torchrun)
             self.tokenizer = load_tokenizer(self.args.model)
-            engine = LLMEngine(config, tokenizer=self.tokenizer)
+            engine = LLMEngine(config, tokenizer=self.tokenizer, model=self.resolved_model)
             self._executor = engine.executor
             return engine
-        return LLMEngine(config, executor=self._executor, tokenizer=self.tokenizer)
+        return LLMEngine(config, executor=self._executor, tokenizer=self.tokenizer, model=self.resolved_model)
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""

@@ -8,7 +8,7 @@ import time
 import torch
 
 from sarathi_rt.engine.kv_cache import KVCache, KVCacheShape
-from sarathi_rt.models import CausalLM, ParallelLayout, load_model
+from sarathi_rt.models import CausalLM, ParallelLayout, ResolvedModel, load_model
 from sarathi_rt.utils.nvtx import nvtx_detail_range, nvtx_range
 
 from .config import EngineConfig
@@ -23,19 +23,20 @@ Activations = tuple[torch.Tensor, torch.Tensor]
 
 
 class Worker:
-    """Holds the weights of its (tensor rank, pipeline stage) shard and the KV blocks of
-    its layers; block ids are shared by every worker, so one scheduler serves them all.
+    """Holds the weights of its (tensor rank, pipeline stage) shard of `model` (the
+    engine's config.model, resolved once by the engine) and the KV blocks of its layers;
+    block ids are shared by every worker, so one scheduler serves them all.
 
     `num_kv_blocks` is what fits here (config.num_kv_blocks, or what the engine can use,
     see `auto_num_blocks`). With allocate=False the cache waits for `allocate_kv_cache`,
     so that workers can agree on the smallest count. `startup_seconds` records where
     start-up went: weights, kv_cache, warm_up."""
 
-    def __init__(self, config: EngineConfig, layout: ParallelLayout | None = None, *,
+    def __init__(self, config: EngineConfig, model: ResolvedModel, layout: ParallelLayout | None = None, *,
                  kv_memory_fraction: float | None = None, allocate: bool = True) -> None:
         self.config = config
         start = time.perf_counter()
-        self.model: CausalLM = load_model(config.model, config.dtype, config.device, layout, config.seed)
+        self.model: CausalLM = load_model(model, config.dtype, config.device, layout, config.seed)
         self.startup_seconds = {"weights": time.perf_counter() - start}
         shard = self.model.shard
         self.is_first, self.is_last = shard.is_first, shard.is_last
