@@ -19,7 +19,7 @@ from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve
 from sarathi_rt.sim.capacity import SLO, find_capacity
 from sarathi_rt.measure.metrics import summarize
 from sarathi_rt.measure.replay import warm_up
-from sarathi_rt.models import resolve_config
+from sarathi_rt.models import resolve_model
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim import VidurCostModel, simulate
 from sarathi_rt.workloads import data_path, multi_turn_workload, system_prompt_workload
@@ -50,7 +50,7 @@ def run_engine(on: bool, workload, args) -> dict:
 def engine_part(args) -> None:
     wl = system_prompt_workload(args.num_requests, 1.0, num_system_prompts=args.system_prompts,
                                 system_len=args.system_len, user_range=(32, 64), decode_range=(16, 16),
-                                vocab_size=resolve_config(args.model)[0].vocab_size, seed=args.seed)
+                                vocab_size=resolve_model(args.model).config.vocab_size, seed=args.seed)
     shared = min(args.system_len / r.num_prompt_tokens for r in wl)
     print(f"engine, {args.model} on the CPU: {len(wl)} requests at once, {args.system_prompts} system prompts of "
           f"{args.system_len} tokens (>= {shared:.0%} of each prompt), 16 output tokens each")

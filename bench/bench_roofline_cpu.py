@@ -44,9 +44,8 @@ from sarathi_rt import LLM  # noqa: E402
 from sarathi_rt.engine.executor import InProcessExecutor  # noqa: E402
 from sarathi_rt.engine.worker import Worker  # noqa: E402
 from sarathi_rt.measure.roofline import ModelCost, StepRow, busy_warning, step_bytes, step_flops  # noqa: E402
-from sarathi_rt.measure.step_split import StepSplit  # noqa: E402
+from sarathi_rt.harness.step_split import StepSplit  # noqa: E402
 from sarathi_rt.measure.step_timing import time_steps  # noqa: E402
-from sarathi_rt.models.llama import Linear  # noqa: E402
 from sarathi_rt.sim.budget import SyntheticRow  # noqa: E402
 from sarathi_rt.utils.cpu import BF16_EMULATE, BF16_ENV, cpu_flags, missing_bf16  # noqa: E402
 
@@ -92,7 +91,7 @@ def split_ms(split: StepSplit, wall: float) -> dict[str, float]:
 
 def model_cost(worker: Worker) -> ModelCost:
     model = worker.model
-    layer_params = sum(m.weight.numel() for m in model.modules() if isinstance(m, Linear))
+    layer_params = sum(m.weight.numel() for kind, m in model.timed_regions() if kind == "linear")
     assert model.lm_head is not None
     unique = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
     return ModelCost(layer_params, model.lm_head.numel(), sum(unique.values()),

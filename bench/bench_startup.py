@@ -48,8 +48,8 @@ def measure(model: str) -> dict[str, float]:
     t0 = time.perf_counter()
     import sarathi_rt
     t1 = time.perf_counter()
-    from sarathi_rt.models import resolve_config
-    resolve_config(model)
+    from sarathi_rt.models import resolve_model
+    resolve_model(model)
     t2 = time.perf_counter()
     llm = sarathi_rt.LLM(model)
     t3 = time.perf_counter()

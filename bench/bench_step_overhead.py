@@ -8,7 +8,7 @@ decodes, where the model's compute is a small part of the step and the rest is P
 Prints the median wall ms per step over `repeats` runs of `steps` decode steps each,
 the process CPU ms per step, and the ratio to the targets (0.8 ms on a quiet machine,
 1.5 ms with other work running). After each bare run the same number of steps runs again
-with timers on every phase (`measure.step_split`): schedule, step input, prepare, the
+with timers on every phase (`harness.step_split`): schedule, step input, prepare, the
 forward's linear layers, attention (rotary, KV write, kernel) and other ops, the LM head,
 sampling, processing the outputs and the scheduler's update, and the engine's glue
 (`python`). The breakdown is each phase's mean ms per step over the faster half of a
@@ -21,7 +21,7 @@ this script in `pairs` pairs of fresh processes, the baseline's package against 
 alternating which goes first, and prints both medians and the median of the pairs' ratios:
 this VM's speed drifts by up to 2x within minutes, so only a comparison made in the same
 minutes means anything (`git worktree add /tmp/base <commit>` and build it in place for
-the baseline). A baseline without `measure.step_split` prints no breakdown.
+the baseline). A baseline without `harness.step_split` prints no breakdown.
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def measure(decodes: int, steps: int, repeats: int, threads: int) -> dict[str, A
     torch.set_num_threads(threads)
     llm = LLM("tiny", token_budget=max(decodes, 64), max_num_seqs=decodes, num_kv_blocks=1024)
     try:
-        from sarathi_rt.measure.step_split import StepSplit
+        from sarathi_rt.harness.step_split import StepSplit
     except ImportError:  # a baseline from before the breakdown
         StepSplit = None
     worker = getattr(llm.engine.executor, "worker", None)

@@ -14,7 +14,7 @@ from gguf_models import Q, write_model_gguf
 from hf_models import greedy
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.models.gguf_file import GGUFFile
-from sarathi_rt.models import ParallelLayout, load_model, resolve_config
+from sarathi_rt.models import ParallelLayout, load_model, resolve_model
 
 transformers = pytest.importorskip("transformers")
 TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
@@ -151,10 +151,10 @@ def test_truncated_file_names_file_and_tensor(q4_1, tmp_path) -> None:
     last = list(GGUFFile(path).tensors)[-1]
     (tmp_path / "cut.gguf").write_bytes(data[:-100])
     with pytest.raises(ValueError, match=rf"cut\.gguf.*truncated.*{last}"):
-        resolve_config(str(tmp_path / "cut.gguf"))
+        resolve_model(str(tmp_path / "cut.gguf"))
     (tmp_path / "head.gguf").write_bytes(data[:200])
     with pytest.raises(ValueError, match=r"head\.gguf.*truncated or corrupt"):
-        resolve_config(str(tmp_path / "head.gguf"))
+        resolve_model(str(tmp_path / "head.gguf"))
     (tmp_path / "junk.gguf").write_bytes(b"PK\x03\x04" + bytes(100))
     with pytest.raises(ValueError, match=r"junk\.gguf.*not a GGUF file"):
         LLM(str(tmp_path / "junk.gguf"))

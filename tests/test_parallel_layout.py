@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from sarathi_rt.engine.distributed import Topology
 from sarathi_rt.measure.metrics import StageMetrics, pipeline_wait
-from sarathi_rt.models import ParallelLayout, load_model, resolve_config
+from sarathi_rt.models import ParallelLayout, load_model, resolve_model
 from sarathi_rt.models.parallel import stage_layers
 
 transformers = pytest.importorskip("transformers")
@@ -29,7 +29,7 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 def test_rank_loads_only_its_shard(checkpoint) -> None:
     path, full = checkpoint
-    config, _ = resolve_config(path)
+    config = resolve_model(path).config
     topo = Topology(2, 2)
     for rank in range(topo.world_size):
         model = load_model(path, layout=topo.layout(rank, config))
@@ -67,7 +67,7 @@ def test_topology_and_stages() -> None:
     with pytest.raises(ValueError, match="tensor_parallel_size must be a positive int"):
         Topology(0, 1)
     with pytest.raises(ValueError, match=r"tp_size \(3\)"):
-        ParallelLayout(tp_rank=0, tp_size=3).bind(resolve_config("tiny")[0])
+        ParallelLayout(tp_rank=0, tp_size=3).bind(resolve_model("tiny").config)
 
 
 def test_pipeline_wait_counts_only_waits_for_a_busy_stage() -> None:
@@ -83,7 +83,7 @@ def test_kv_heads_replicate_when_ranks_outnumber_them(checkpoint) -> None:
     """TP=4 over 2 KV heads: ranks 0-1 hold KV head 0, ranks 2-3 KV head 1, each next to
     the query head that reads it (query head h uses KV head h // 2)."""
     path, full = checkpoint
-    config, _ = resolve_config(path)
+    config = resolve_model(path).config
     topo = Topology(4, 1)
     topo.check(config)
     p = "model.layers.0."

@@ -1,5 +1,5 @@
 """The roofline's arithmetic (sarathi_rt.measure.roofline) and the roofline bench's time
-split (bench/bench_roofline_cpu.py on measure.step_split) and the engine-level split, on `tiny`."""
+split (bench/bench_roofline_cpu.py on harness.step_split) and the engine-level split, on `tiny`."""
 from __future__ import annotations
 
 import math
@@ -90,7 +90,7 @@ def test_step_split_adds_up_to_the_step_and_leaves_the_model_as_it_was() -> None
 
 def test_engine_step_split_times_every_phase_and_takes_its_timers_off() -> None:
     from sarathi_rt import LLM, SamplingParams
-    from sarathi_rt.measure.step_split import ENGINE_PHASES, StepSplit
+    from sarathi_rt.harness.step_split import ENGINE_PHASES, StepSplit
 
     llm = LLM("tiny", num_kv_blocks=64, max_num_seqs=8, token_budget=64)
     engine = llm.engine

@@ -11,7 +11,7 @@ from typing import Any, Union
 from tqdm.auto import tqdm
 
 from sarathi_rt.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
-from sarathi_rt.models import resolve_config, resolve_model_path
+from sarathi_rt.models import resolve_model, resolve_model_path
 from sarathi_rt.sampling import SamplingParams
 from sarathi_rt.text.tokenizer import Tokenizer
 
@@ -36,12 +36,12 @@ class LLM:
     def __init__(self, model: str | Path, *, tokenizer: str | Path | Tokenizer | None = None,
                  **options: Any) -> None:
         config = EngineConfig(model=model, **options)
-        resolve_config(model)  # a bad model is named before its tokenizer is looked at
+        resolved = resolve_model(model)  # a bad model is named before its tokenizer is looked at
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(model, tokenizer)
         if tokenizer is not None and self.tokenizer is None:
             raise ValueError(f"tokenizer {str(tokenizer)!r} is neither a GGUF file nor a directory with "
                              "tokenizer.json")
-        self.engine = LLMEngine(config, tokenizer=self.tokenizer)
+        self.engine = LLMEngine(config, tokenizer=self.tokenizer, model=resolved)
         self._ids = itertools.count()
         self._async: AsyncLLMEngine | None = None
         self._async_loop: asyncio.AbstractEventLoop | None = None

@@ -253,9 +253,10 @@ class EngineBackend:
     args: argparse.Namespace
 
     def __post_init__(self) -> None:
-        from sarathi_rt.models import resolve_config
+        from sarathi_rt.models import resolve_model
 
-        self.max_total_tokens = resolve_config(self.args.model)[0].max_position_embeddings
+        self.resolved_model = resolve_model(self.args.model)  # once for every engine this backend starts
+        self.max_total_tokens = self.resolved_model.config.max_position_embeddings
         self._executor = None
         self.tokenizer = None
 
@@ -266,10 +267,10 @@ class EngineBackend:
         config = EngineConfig(**policy_options(self.args, policy, workload) | overrides)
         if self._executor is None:  # the first engine starts the workers (in-process, spawned or torchrun)
             self.tokenizer = load_tokenizer(self.args.model)
-            engine = LLMEngine(config, tokenizer=self.tokenizer)
+            engine = LLMEngine(config, tokenizer=self.tokenizer, model=self.resolved_model)
             self._executor = engine.executor
             return engine
-        return LLMEngine(config, executor=self._executor, tokenizer=self.tokenizer)
+        return LLMEngine(config, executor=self._executor, tokenizer=self.tokenizer, model=self.resolved_model)
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""

@@ -7,6 +7,8 @@ from collections import deque
 from typing import Protocol
 
 from sarathi_rt.config import EngineConfig
+from sarathi_rt.models import ResolvedModel
+
 from .step_io import StepInput, StepOutput
 from .worker import Worker
 
@@ -26,12 +28,13 @@ class Executor(Protocol):
 
 
 class InProcessExecutor:
-    """One worker holding the whole model, in this process: a step runs as it is submitted."""
+    """One worker holding the whole model (config.model, resolved as `model`), in this
+    process: a step runs as it is submitted."""
 
     pipeline_depth = 1
 
-    def __init__(self, config: EngineConfig) -> None:
-        self.worker = Worker(config)
+    def __init__(self, config: EngineConfig, model: ResolvedModel) -> None:
+        self.worker = Worker(config, model)
         self.num_kv_blocks = self.worker.num_kv_blocks
         self._done: deque[StepOutput] = deque()
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Hashable
 
 from sarathi_rt.measure.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeline_wait
-from sarathi_rt.models import resolve_config
+from sarathi_rt.models import ResolvedModel, resolve_model
 from sarathi_rt.utils.nvtx import nvtx_range
 from sarathi_rt.sampling import SamplingParams, as_int, sample_seed
 from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, create_scheduler
@@ -58,15 +58,18 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, executor: Executor | None = None,
                  tokenizer: TextDecoder | None = None,
-                 step_observer: Callable[[BatchPlan, float], None] | None = None) -> None:
+                 step_observer: Callable[[BatchPlan, float], None] | None = None,
+                 model: ResolvedModel | None = None) -> None:
         self.config = config
         # Called with each finished step's plan and its measured seconds: how tools such
         # as the simulator-fidelity bench see the shapes the engine ran (None: no cost).
         self.step_observer = step_observer
         self.tokenizer = tokenizer
-        self.model_config, _ = resolve_config(config.model)
+        # config.model looked up once (or by the caller: `model`); the executor's workers get it.
+        self.model = resolve_model(config.model) if model is None else model
+        self.model_config = self.model.config
         self.max_model_len = config.model_len(self.model_config)
-        self.executor = executor if executor is not None else _default_executor(config)
+        self.executor = executor if executor is not None else _default_executor(config, self.model)
         self.scheduler_config = config.scheduler_config(
             self.executor.num_kv_blocks, resolve_tile_size(config.tile_size, self.model_config, config))
         # The adaptive budget's step-time model learns from every step this engine runs.
@@ -371,11 +374,11 @@ class LLMEngine:
         return outputs
 
 
-def _default_executor(config: EngineConfig) -> Executor:
+def _default_executor(config: EngineConfig, model: ResolvedModel) -> Executor:
     if config.world_size == 1:
-        return InProcessExecutor(config)
+        return InProcessExecutor(config, model)
     from .distributed import MultiprocessExecutor, torchrun  # torch.distributed only when asked for
 
     if torchrun.launched_by_torchrun():  # rank 0 drives; the other ranks serve here, then exit
-        return torchrun.start(config)
-    return MultiprocessExecutor(config)
+        return torchrun.start(config, model)
+    return MultiprocessExecutor(config, model)

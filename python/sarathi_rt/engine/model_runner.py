@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 
 from sarathi_rt import _C, ops
-from sarathi_rt.models import LlamaForCausalLM, StepContext
+from sarathi_rt.models import CausalLM, StepContext
 
+from .kv_cache import KVCache
 from .step_io import StepInput
 
 
@@ -39,22 +40,23 @@ class _Staging:
 
 
 class ModelRunner:
-    """`max_batch` / `max_tokens` size the attention plan's buffers (a larger step
-    grows them). prepare() validates the step once: positions against the model's
+    """Runs steps of `model` over `kv_cache`, the cache it is bound to. `max_batch` /
+    `max_tokens` size the attention plan's buffers (a larger step grows them). prepare() validates the step once: positions against the model's
     context, block tables against the positions, token ids against the vocabulary, and
     block ids against the cache while planning attention (for the CPU and the CUDA
     kernel alike); the layers then run on the context without checking it again."""
 
-    def __init__(self, model: LlamaForCausalLM, block_size: int, max_batch: int = 1,
+    def __init__(self, model: CausalLM, kv_cache: KVCache, block_size: int, max_batch: int = 1,
                  max_tokens: int = 1) -> None:
         self.model = model
         self.block_size = block_size
-        self.device = model.cos_sin_cache.device
+        self.device = model.device
         self.vocab_size = model.config.vocab_size
         self.max_position = model.config.max_position_embeddings
         self._plan: ops.AttentionPlan | None = None
-        # Every layer's attention has the same heads and cache shape: the plan reads one.
-        self._attn = next(iter(model.layers.values())).self_attn
+        self._num_q_heads = model.shard.num_heads
+        # Every layer's cache has the same shape: the plan reads the first.
+        self._k_cache = kv_cache.layer(0)[0]
         self._plan_size = (max_batch, max_tokens)
         self._int64 = _Staging(self.device, torch.int64)
         self._int32 = _Staging(self.device, torch.int32)
@@ -83,12 +85,11 @@ class ModelRunner:
                         tokens: int) -> ops.AttentionPlan:
         """Plan this step from the host-side index arrays, refilling the previous plan's
         buffers in place while the step fits them (a larger step gets a larger plan)."""
-        batch, k_cache = seqlens_k.shape[0], self._attn.k_cache
-        assert k_cache is not None  # bound before the runner is built
+        batch, k_cache = seqlens_k.shape[0], self._k_cache
         plan = self._plan
         if plan is None or batch > plan.max_batch or tokens > plan.max_tokens:
             self._plan_size = (max(batch, self._plan_size[0]), max(tokens, self._plan_size[1]))
             plan = self._plan = ops.AttentionPlan(
-                max_batch=self._plan_size[0], max_tokens=self._plan_size[1], num_q_heads=self._attn.num_heads,
+                max_batch=self._plan_size[0], max_tokens=self._plan_size[1], num_q_heads=self._num_q_heads,
                 num_kv_heads=k_cache.shape[2], head_dim=k_cache.shape[3], device=k_cache.device, dtype=k_cache.dtype)
         return plan.update_host(cu_seqlens_q, seqlens_k, block_tables, tokens, tuple(k_cache.shape))

@@ -8,7 +8,7 @@ import time
 import torch
 
 from sarathi_rt.engine.kv_cache import KVCache, KVCacheShape
-from sarathi_rt.models import ParallelLayout, load_model
+from sarathi_rt.models import CausalLM, ParallelLayout, ResolvedModel, load_model
 from sarathi_rt.utils.nvtx import nvtx_detail_range, nvtx_range
 
 from sarathi_rt.config import EngineConfig
@@ -23,21 +23,22 @@ Activations = tuple[torch.Tensor, torch.Tensor]
 
 
 class Worker:
-    """Holds the weights of its (tensor rank, pipeline stage) shard and the KV blocks of
-    its layers; block ids are shared by every worker, so one scheduler serves them all.
+    """Holds the weights of its (tensor rank, pipeline stage) shard of `model` (the
+    engine's config.model, resolved once by the engine) and the KV blocks of its layers;
+    block ids are shared by every worker, so one scheduler serves them all.
 
     `num_kv_blocks` is what fits here (config.num_kv_blocks, or what the engine can use,
     see `auto_num_blocks`). With allocate=False the cache waits for `allocate_kv_cache`,
     so that workers can agree on the smallest count. `startup_seconds` records where
     start-up went: weights, kv_cache, warm_up."""
 
-    def __init__(self, config: EngineConfig, layout: ParallelLayout | None = None, *,
+    def __init__(self, config: EngineConfig, model: ResolvedModel, layout: ParallelLayout | None = None, *,
                  kv_memory_fraction: float | None = None, allocate: bool = True) -> None:
         self.config = config
         if config.threads is not None:  # every worker process, the engine's own included
             torch.set_num_threads(config.threads)
         start = time.perf_counter()
-        self.model = load_model(config.model, config.dtype, config.device, layout, config.seed)
+        self.model: CausalLM = load_model(model, config.dtype, config.device, layout, config.seed)
         self.startup_seconds = {"weights": time.perf_counter() - start}
         shard = self.model.shard
         self.is_first, self.is_last = shard.is_first, shard.is_last
@@ -64,7 +65,7 @@ class Worker:
         self.num_kv_blocks = num_blocks
         self.kv_cache = KVCache(self.kv_shape, num_blocks, self.config.device)
         self.model.bind_kv_cache(self.kv_cache)
-        self.runner = ModelRunner(self.model, self.config.block_size, self.config.max_num_seqs,
+        self.runner = ModelRunner(self.model, self.kv_cache, self.config.block_size, self.config.max_num_seqs,
                                   self.config.token_budget)
         self.startup_seconds["kv_cache"] = time.perf_counter() - start
         start = time.perf_counter()

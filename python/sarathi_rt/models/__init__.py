@@ -1,8 +1,11 @@
 """LLaMA-family models: config parsing (Hugging Face directories and GGUF files, read by
-`gguf_file`), presets with random weights, the model itself on `sarathi_rt.ops`, weight
-loading with its tensor-parallel layout, and models fetched by name."""
+`gguf_file`), the families by name (`registry`, one module each under `families/`),
+presets with random weights, the model itself on `sarathi_rt.ops` (behind the
+`interface` the engine talks to), weight loading with its tensor-parallel layout, and
+models fetched by name."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -11,13 +14,16 @@ from sarathi_rt.utils.dtypes import parse_dtype
 from sarathi_rt.models.gguf_file import open_gguf
 
 from .config import ModelConfig
+from . import families  # noqa: F401  registers the built-in families before the presets build configs
 from .context import StepContext
 from .gguf import gguf_config, load_gguf
 from .hub import NAMED_MODELS, cache_dir, named_model_path
+from .interface import CausalLM
 from .llama import LlamaForCausalLM
 from .loader import hf_tensor_shapes, init_random, load_checkpoint
 from .parallel import ParallelLayout
 from .presets import PRESETS, get_preset
+from .registry import Family, available_architectures, get_family, register_family
 
 
 def resolve_model_path(model: str | Path) -> Path | None:
@@ -37,22 +43,44 @@ def resolve_model_path(model: str | Path) -> Path | None:
                      f"or a preset {sorted(PRESETS)}, got {name!r}")
 
 
-def resolve_config(model: str | Path) -> tuple[ModelConfig, Path | None]:
-    """`model`'s config and where its weights are (None for a preset)."""
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model looked up once: `name` as given, where its weights are (`path`; None for
+    a preset, whose weights are seeded random ones) and its config. Picklable, so an
+    engine resolves its model once and hands it to its workers, in-process or spawned."""
+
+    name: str
+    path: Path | None
+    config: ModelConfig
+
+    @property
+    def family(self) -> Family:
+        """The registry's entry for this model (its name is config.model_type)."""
+        return get_family(self.config.model_type)
+
+
+def resolve_model(model: str | Path) -> ResolvedModel:
+    """`model` (a HF directory, a GGUF file, a named model or a preset) found and its
+    config read; a bad or unsupported model raises ValueError naming it."""
     path = resolve_model_path(model)
     if path is None:
-        return get_preset(str(model)), None
-    if path.is_dir():
-        return ModelConfig.from_pretrained(path), path
-    return gguf_config(open_gguf(path)), path
+        config = get_preset(str(model))
+    elif path.is_dir():
+        config = ModelConfig.from_pretrained(path)
+    else:
+        config = gguf_config(open_gguf(path))
+    return ResolvedModel(str(model), path, config)
 
 
-def load_model(model: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
-               layout: ParallelLayout | None = None, seed: int = 0) -> LlamaForCausalLM:
-    """Build one stage of `model` (a HF directory, a GGUF file, a named model or a
-    preset) and fill its weights: from the checkpoint, or seeded random ones for a preset."""
-    config, path = resolve_config(model)
-    net = LlamaForCausalLM(config, parse_dtype(dtype), device, layout)
+def load_model(model: str | Path | ResolvedModel, dtype: str | torch.dtype = "float32",
+               device: str | torch.device = "cpu", layout: ParallelLayout | None = None,
+               seed: int = 0) -> LlamaForCausalLM:
+    """Build one stage of `model` (resolved already, or a HF directory, a GGUF file, a
+    named model or a preset) as its family's model class and fill its weights: from the
+    checkpoint, or seeded random ones for a preset."""
+    resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
+    net = resolved.family.model_class(resolved.config, parse_dtype(dtype), device, layout)
+    path = resolved.path
     if path is None:
         init_random(net, seed)
     elif path.is_dir():
@@ -62,6 +90,7 @@ def load_model(model: str | Path, dtype: str | torch.dtype = "float32", device: 
     return net.eval()
 
 
-__all__ = ["LlamaForCausalLM", "ModelConfig", "NAMED_MODELS", "PRESETS", "ParallelLayout", "StepContext",
-           "cache_dir", "get_preset", "hf_tensor_shapes", "init_random", "load_checkpoint", "load_model",
-           "parse_dtype", "resolve_config", "resolve_model_path"]
+__all__ = ["CausalLM", "Family", "LlamaForCausalLM", "ModelConfig", "NAMED_MODELS", "PRESETS", "ParallelLayout",
+           "ResolvedModel", "StepContext", "available_architectures", "cache_dir", "get_family", "get_preset",
+           "hf_tensor_shapes", "init_random", "load_checkpoint", "load_model", "parse_dtype", "register_family",
+           "resolve_model", "resolve_model_path"]

@@ -7,17 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-# model_type -> (q/k/v projections carry a bias, o_proj carries a bias) when the config
-# does not say; Qwen2 always biases q/k/v and never o.
-_FAMILIES: dict[str, tuple[bool, bool] | None] = {"llama": None, "mistral": None, "qwen2": (True, False)}
-_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+from .registry import family_for_hf, get_family
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """A LLaMA-family decoder. `rope_scaling` is None or the HF dict (rope_type "llama3"
-    or "default"); `eos_token_ids` lists every id that ends generation."""
+    or "default"); `eos_token_ids` lists every id that ends generation; `model_type`
+    names its family in `registry`."""
 
     vocab_size: int
     hidden_size: int
@@ -58,8 +55,7 @@ class ModelConfig:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
-        if self.model_type not in _FAMILIES:
-            raise ValueError(f"model_type must be one of {sorted(_FAMILIES)}, got {self.model_type!r}")
+        get_family(self.model_type)  # a registered family, or a ValueError naming them
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in ("default", "llama3"):
@@ -78,17 +74,12 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        model_type = d.get("model_type")
-        if model_type is None:
-            archs = [a for a in d.get("architectures") or () if a in _ARCHITECTURES]
-            model_type = _ARCHITECTURES[archs[0]] if archs else None
-        if model_type not in _FAMILIES:
-            raise ValueError(f"unsupported model_type {model_type!r}: sarathi_rt runs {sorted(_FAMILIES)}")
+        family = family_for_hf(d.get("architectures"), d.get("model_type"))
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {d['hidden_act']!r}")
         max_positions = d.get("max_position_embeddings", 2048)
         window = d.get("sliding_window")
-        if window and (d.get("use_sliding_window") or model_type == "mistral"):
+        if window and (d.get("use_sliding_window") or family.always_sliding):
             # Attention here is full; within the window that is the same thing, so cap
             # the context there rather than refuse the model.
             max_positions = min(max_positions, window)
@@ -96,9 +87,8 @@ class ModelConfig:
         rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
         theta = rope.pop("rope_theta", d.get("rope_theta", 10000.0))
         kind = rope.get("rope_type", rope.get("type", "default"))
-        family_bias = _FAMILIES[model_type]
         attention_bias = bool(d.get("attention_bias", False))
-        qkv_bias, o_bias = family_bias if family_bias else (attention_bias, attention_bias)
+        qkv_bias, o_bias = family.fixed_bias or (attention_bias, attention_bias)
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
         return cls(
@@ -109,7 +99,7 @@ class ModelConfig:
             rope_scaling=None if kind == "default" else rope,
             max_position_embeddings=max_positions,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), qkv_bias=qkv_bias, o_bias=o_bias,
-            mlp_bias=bool(d.get("mlp_bias", False)), model_type=model_type, eos_token_ids=eos_ids,
+            mlp_bias=bool(d.get("mlp_bias", False)), model_type=family.name, eos_token_ids=eos_ids,
             initializer_range=d.get("initializer_range", 0.02))
 
     @classmethod
@@ -129,9 +119,9 @@ class ModelConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A transformers config dict describing the same model (for saving presets)."""
-        arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+        family = get_family(self.model_type)
         d: dict[str, Any] = {
-            "architectures": [arch[self.model_type]], "model_type": self.model_type, "hidden_act": "silu",
+            "architectures": [family.architectures[0]], "model_type": self.model_type, "hidden_act": "silu",
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
@@ -142,6 +132,6 @@ class ModelConfig:
             "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else
             (self.eos_token_ids[0] if self.eos_token_ids else None),
         }
-        if self.model_type != "qwen2":
+        if family.fixed_bias is None:
             d["attention_bias"] = self.qkv_bias
         return d

@@ -1,7 +1,8 @@
-"""LLaMA-family models (LLaMA, Qwen2) from GGUF files (llama.cpp's format): the config from the file's
+"""LLaMA-family models from GGUF files (llama.cpp's format): the config from the file's
 metadata, the weights dequantized by the `gguf` package to float32 and then to the model's
 dtype, read by index slices like a safetensors checkpoint so tensor-parallel ranks read
-only their rows. llama.cpp stores q/k rows permuted for its rope layout; that is undone
+only their rows. The file's `general.architecture` picks the family (`registry`); for
+families whose q/k rows llama.cpp stored permuted for its rope layout, that is undone
 here by reading the rows in HF order."""
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ from sarathi_rt.models.gguf_file import GGUFFile
 from .config import ModelConfig
 from .llama import LlamaForCausalLM
 from .loader import _check_shape, _load
+from .registry import Family, family_for_gguf
 
 SUPPORTED_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1})
-# general.architecture -> llama.cpp permuted its q/k rows (it does for LLaMA, not Qwen2)
-ARCHITECTURES = {"llama": True, "qwen2": False}
 
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight",
            "output_norm.weight": "model.norm.weight"}
@@ -33,10 +33,8 @@ _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 def gguf_config(file: GGUFFile) -> ModelConfig:
     """The model shape a LLaMA-family GGUF file's metadata describes."""
-    arch = file.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"{file.name!r}: unsupported architecture {arch!r}; sarathi_rt loads "
-                         f"{sorted(ARCHITECTURES)} GGUF files")
+    family = _family(file)
+    arch = family.gguf_architecture
     if "token_embd.weight" not in file.tensors:
         raise ValueError(f"{file.name!r} has no tensor 'token_embd.weight'")
     if "rope_freqs.weight" in file.tensors:
@@ -61,8 +59,15 @@ def gguf_config(file: GGUFFile) -> ModelConfig:
         max_position_embeddings=file.get(key + "context_length"),
         tie_word_embeddings="output.weight" not in file.tensors,
         qkv_bias="blk.0.attn_q.bias" in file.tensors, o_bias="blk.0.attn_output.bias" in file.tensors,
-        mlp_bias="blk.0.ffn_up.bias" in file.tensors, model_type=arch,
+        mlp_bias="blk.0.ffn_up.bias" in file.tensors, model_type=family.name,
         eos_token_ids=tuple(dict.fromkeys(e for e in eos if e is not None)))
+
+
+def _family(file: GGUFFile) -> Family:
+    try:
+        return family_for_gguf(file.get("general.architecture"))
+    except ValueError as e:
+        raise ValueError(f"{file.name!r}: {e}") from None
 
 
 def hf_name(file: GGUFFile, name: str) -> str:
@@ -88,9 +93,8 @@ def load_gguf(model: LlamaForCausalLM, file: GGUFFile) -> None:
             raise ValueError(f"{file.name!r}: tensor {name!r} has type {info.qtype.name}; sarathi_rt dequantizes "
                              f"{sorted(t.name for t in SUPPORTED_TYPES)}")
     cfg = model.config
-    permuted = ARCHITECTURES[file.get("general.architecture")]
     heads = {"self_attn.q_proj": cfg.num_attention_heads, "self_attn.k_proj": cfg.num_key_value_heads} \
-        if permuted else {}
+        if _family(file).gguf_rope_permuted else {}
 
     def read(name: str, index: tuple[slice, ...], dest: torch.Tensor) -> None:
         value = dequantized(name, index)

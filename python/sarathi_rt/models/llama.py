@@ -1,4 +1,4 @@
-"""The LLaMA family (Llama 2/3, Mistral, Qwen2) built from sarathi_rt ops.
+"""The LLaMA layout (Llama 2/3, Mistral, Qwen2: see `families/`) built from sarathi_rt ops.
 
 Weights are stored fused: qkv_proj = [q; k; v] and gate_up_proj = [gate; up] along the
 output dimension, so each projection is one GEMM. Parameter names otherwise follow
@@ -11,6 +11,7 @@ model is built and its KV cache bound (bind_kv_cache checks the cache), and the 
 index tensors are checked once per step by the ModelRunner, not again in every layer."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -163,6 +164,19 @@ class LlamaForCausalLM(nn.Module):
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling).to(device),
             persistent=False)
 
+    @property
+    def device(self) -> torch.device:
+        return self.cos_sin_cache.device
+
+    def timed_regions(self) -> Iterator[tuple[str, nn.Module]]:
+        """See CausalLM.timed_regions: every Linear, and every Attention (whose
+        projections are Linears, timed apart)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                yield "linear", module
+            elif isinstance(module, Attention):
+                yield "attention", module
+
     def bind_kv_cache(self, cache: KVCache) -> None:
         """Give every attention layer its K/V tensors (cache layer j = this stage's j-th layer)."""
         shape = cache.shape
@@ -172,9 +186,8 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"cache holds {shape.num_kv_heads} KV heads of dim {shape.head_dim} but this "
                              f"shard has {self.shard.num_kv_heads} of dim {self.shard.head_dim}")
         k0 = cache.layer(0)[0]
-        if k0.dtype != self.dtype or k0.device != self.cos_sin_cache.device:
-            raise ValueError(f"cache is {k0.dtype} on {k0.device} but the model is {self.dtype} on "
-                             f"{self.cos_sin_cache.device}")
+        if k0.dtype != self.dtype or k0.device != self.device:
+            raise ValueError(f"cache is {k0.dtype} on {k0.device} but the model is {self.dtype} on {self.device}")
         for j, layer in enumerate(self.layers.values()):
             layer.self_attn.k_cache, layer.self_attn.v_cache = cache.layer(j)
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch.multiprocessing as mp
 
 from sarathi_rt.measure.metrics import StageMetrics
-from sarathi_rt.models import resolve_config
+from sarathi_rt.models import ResolvedModel
 
 from sarathi_rt.config import EngineConfig
 from ..memory import CPU_FRACTION
@@ -39,12 +39,12 @@ class WorkerError(RuntimeError):
 class MultiprocessExecutor:
     """tensor_parallel_size x pipeline_parallel_size worker processes (spawned), each
     holding its shard of the weights and KV cache. The KV cache size is the minimum of
-    what fits on each worker. pipeline_depth = pipeline_parallel_size."""
+    what fits on each worker. pipeline_depth = pipeline_parallel_size. Each worker gets
+    `model` (config.model as the engine resolved it) rather than looking it up again."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        model_config, _ = resolve_config(config.model)
+    def __init__(self, config: EngineConfig, model: ResolvedModel) -> None:
         topo = self.topology = Topology(config.tensor_parallel_size, config.pipeline_parallel_size)
-        topo.check(model_config)
+        topo.check(model.config)
         self.pipeline_depth = topo.pp
         self._timeout = float(config.worker_timeout)
         fraction = config.kv_memory_fraction
@@ -56,7 +56,7 @@ class MultiprocessExecutor:
         self._inboxes = [ctx.Queue() for _ in range(topo.world_size)]
         self._progress = Progress(ctx.Array("q", [-1] * (2 * topo.world_size), lock=False))
         self._procs = [ctx.Process(target=worker_main, name=f"sarathi-rt-worker-{r}", daemon=True, args=(
-            WorkerSpec(r, topo, config, os.path.join(tmpdir, "store"), os.getpid(), fraction),
+            WorkerSpec(r, topo, config, model, os.path.join(tmpdir, "store"), os.getpid(), fraction),
             self._inboxes[r], self._outbox, self._progress)) for r in range(topo.world_size)]
         self._closed: str | None = None
         self._finalizer = weakref.finalize(self, _stop, self._procs, self._inboxes, self._outbox, tmpdir)

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from sarathi_rt.measure.metrics import StageMetrics
-from sarathi_rt.models import resolve_config
+from sarathi_rt.models import ResolvedModel
 
 from sarathi_rt.config import EngineConfig
 from ..step_io import StepInput, StepOutput
@@ -37,6 +37,7 @@ class WorkerSpec:
     rank: int
     topology: Topology
     config: EngineConfig
+    model: ResolvedModel  # config.model, resolved once by the driver
     store_path: str  # torch.distributed FileStore rendezvous
     parent_pid: int
     kv_memory_fraction: float | None
@@ -115,9 +116,8 @@ def _serve(spec: WorkerSpec, inbox: Any, outbox: Any, progress: Progress) -> Non
                             timeout=timedelta(seconds=max(config.worker_timeout, STARTUP_TIMEOUT_S)))
     # Every rank must create every group, in the same order.
     groups = [dist.new_group(topo.stage_ranks(s)) for s in range(topo.pp)]
-    model_config, _ = resolve_config(config.model)
-    layout = topo.layout(rank, model_config, groups[topo.stage(rank)])
-    worker = Worker(config, layout, kv_memory_fraction=spec.kv_memory_fraction, allocate=False)
+    layout = topo.layout(rank, spec.model.config, groups[topo.stage(rank)])
+    worker = Worker(config, spec.model, layout, kv_memory_fraction=spec.kv_memory_fraction, allocate=False)
     outbox.put(Report("ready", rank, payload=worker.num_kv_blocks))
     worker.allocate_kv_cache(_next(inbox, spec))
     stage = PipelineStage(worker, topo, rank)

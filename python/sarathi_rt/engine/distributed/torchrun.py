@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sarathi_rt.models import resolve_config
+from sarathi_rt.models import ResolvedModel, resolve_model
 
 from sarathi_rt.config import EngineConfig
 from ..memory import CPU_FRACTION
@@ -60,6 +60,7 @@ class _Rank:
     rank: int
     topo: Topology
     config: EngineConfig
+    model: ResolvedModel  # config.model, resolved once in this process
     store: Any
     meta: Any  # gloo group for the pickled messages
     groups: list[Any]  # tensor-parallel group of each stage
@@ -75,17 +76,18 @@ class _Rank:
         return f"{self.topo.describe(rank)} on {self.host(rank)}"
 
 
-def start(config: EngineConfig) -> TorchrunExecutor:
+def start(config: EngineConfig, model: ResolvedModel | None = None) -> TorchrunExecutor:
     """Join the job. Rank 0 gets the executor; every other rank serves steps until the
-    driver shuts down, then ends its process (status 0; 1 after a failure)."""
-    model_config, _ = resolve_config(config.model)
+    driver shuts down, then ends its process (status 0; 1 after a failure). `model` is
+    config.model already resolved (the engine's); None resolves it here."""
+    model = resolve_model(config.model) if model is None else model
     topo = Topology(config.tensor_parallel_size, config.pipeline_parallel_size)
-    topo.check(model_config)
+    topo.check(model.config)
     world = int(os.environ["WORLD_SIZE"])
     if world != topo.world_size:
         raise ValueError(f"torchrun started {world} processes but tensor_parallel_size x pipeline_parallel_size "
                          f"is {topo.world_size}: start nnodes x nproc-per-node = {topo.world_size} processes")
-    me = _join(config, topo)
+    me = _join(config, model, topo)
     if me.rank == 0:
         return TorchrunExecutor(me)
     stopping = threading.Event()
@@ -108,11 +110,13 @@ def start(config: EngineConfig) -> TorchrunExecutor:
     sys.exit(0)
 
 
-def _join(config: EngineConfig, topo: Topology) -> _Rank:
+def _join(config: EngineConfig, model: ResolvedModel, topo: Topology) -> _Rank:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     timeout = timedelta(seconds=max(config.worker_timeout, STARTUP_TIMEOUT_S))
     store, rank, world = next(dist.rendezvous("env://", rank, topo.world_size, timeout=timeout))
     config = _driver_config(store, rank, config)
+    if str(config.model) != model.name:  # this rank serves rank 0's model, named otherwise here
+        model = resolve_model(config.model)
     if config.device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -125,7 +129,7 @@ def _join(config: EngineConfig, topo: Topology) -> _Rank:
     # Every rank creates every group, in the same order.
     meta = dist.new_group(backend="gloo", timeout=META_TIMEOUT)
     groups = [dist.new_group(topo.stage_ranks(s)) for s in range(topo.pp)]
-    return _Rank(rank, topo, config, store, meta, groups, Heartbeat(store, rank))
+    return _Rank(rank, topo, config, model, store, meta, groups, Heartbeat(store, rank))
 
 
 def _driver_config(store: Any, rank: int, config: EngineConfig) -> EngineConfig:
@@ -149,12 +153,11 @@ def _local_world() -> int:
 
 def _stage(me: _Rank) -> PipelineStage:
     """This rank's Worker (its shard, KV cache not yet allocated) as a pipeline stage."""
-    model_config, _ = resolve_config(me.config.model)
-    layout = me.topo.layout(me.rank, model_config, me.groups[me.topo.stage(me.rank)])
+    layout = me.topo.layout(me.rank, me.model.config, me.groups[me.topo.stage(me.rank)])
     fraction = me.config.kv_memory_fraction
     if me.config.device.type == "cpu":  # the ranks of one node share its memory
         fraction = (CPU_FRACTION if fraction is None else fraction) / _local_world()
-    worker = Worker(me.config, layout, kv_memory_fraction=fraction, allocate=False)
+    worker = Worker(me.config, me.model, layout, kv_memory_fraction=fraction, allocate=False)
     return PipelineStage(worker, me.topo, me.rank)
 
 

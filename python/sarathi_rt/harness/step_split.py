@@ -2,6 +2,8 @@
 optionally the engine around it) for the steps it runs, and takes off again. Nothing of
 them stays on the step's path when no bench is timing it.
 
+The model names the modules it times by category (`CausalLM.timed_regions`: its GEMMs
+as "linear", its attention blocks as "attention"), so the timers know no family's layers.
 Each category counts its own time only: a timer nested in another (the linear layers
 inside the attention module, the scheduler's update inside the engine's output
 processing) is taken out of the outer one's, so the categories add up to the time
@@ -13,8 +15,6 @@ from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING, Any, Callable
-
-from sarathi_rt.models.llama import Attention, Linear
 
 if TYPE_CHECKING:
     from sarathi_rt.engine import LLMEngine
@@ -68,12 +68,9 @@ class StepSplit:
 
     def __enter__(self) -> StepSplit:
         model = self.worker.model
-        self._patch(model, "forward", "other")  # what its layers do outside the two below
-        for module in model.modules():
-            if isinstance(module, Linear):
-                self._patch(module, "forward", "linear")
-            elif isinstance(module, Attention):  # rotary, KV write and the kernel: its projections are linear
-                self._patch(module, "forward", "attention")
+        self._patch(model, "forward", "other")  # what its layers do outside their timed regions
+        for category, module in model.timed_regions():
+            self._patch(module, "forward", category)
         self._patch(model, "compute_logits", "logits")
         self._patch(self.worker, "sampler", "sampling")
         self._patch(self.worker.runner, "prepare", "prepare")
