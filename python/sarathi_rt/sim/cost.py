@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from sarathi_rt.scheduler import BatchPlan
-from sarathi_rt.step_time.shape import StepShape
+from sarathi_rt.step_time.shape import PlannedStep, StepShape
 
 from .hardware import A100, Hardware, get_hardware, infer_hardware
 
@@ -51,7 +51,7 @@ class ShapeCost:
     def step_time(self, plan: BatchPlan) -> float:
         return self.predict_shape(StepShape.of_plan(plan))
 
-    def observe(self, plan: BatchPlan, seconds: float) -> None:
+    def observe(self, plan: PlannedStep, seconds: float) -> None:
         """Nothing to learn: the simulator's steps take what this model says."""
 
 

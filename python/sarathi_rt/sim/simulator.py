@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from sarathi_rt.measure.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
 from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, QoSClass, SchedulerConfig, create_scheduler
-from sarathi_rt.step_time.shape import StepShape, StepTimeModel
+from sarathi_rt.step_time.shape import PlannedStep, StepShape, StepTimeModel
 from sarathi_rt.workloads import RequestSpec
 
 from .cost import CostModel
@@ -76,7 +76,7 @@ class PipelineLatency:
         # A send grows with the tokens it carries.
         return self.cost_model.predict_bound(shape) + (self.stages - 1) * self.cost_model.comm_time(shape.num_tokens)
 
-    def observe(self, plan: BatchPlan, seconds: float) -> None:
+    def observe(self, plan: PlannedStep, seconds: float) -> None:
         """Exact by construction: nothing to learn."""
 
 
