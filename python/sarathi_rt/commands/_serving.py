@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Callable, Iterable, Sequence
 
 from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics
-from sarathi_rt.measure.step_timing import engine_slo_budget
+from sarathi_rt.harness.step_timing import engine_slo_budget
 from sarathi_rt.scheduler import QoSClass, SchedulerConfig, available_policies, get_policy
 from sarathi_rt.scheduler.qos import QOS_POLICIES, qos_classes_from
 from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
@@ -342,7 +342,7 @@ class EngineBackend:
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
-        from sarathi_rt.measure.replay import replay, warm_up
+        from sarathi_rt.harness.replay import replay, warm_up
 
         engine = self.engine(policy, workload)
         warm_up(engine)
@@ -357,7 +357,7 @@ class EndpointBackend:
     args: argparse.Namespace
 
     def __post_init__(self) -> None:
-        from sarathi_rt.measure.http_replay import server_model
+        from sarathi_rt.harness.http_replay import server_model
 
         if getattr(self.args, "simulate", False):
             raise ValueError("--endpoint and --simulate exclude each other")
@@ -371,7 +371,7 @@ class EndpointBackend:
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
-        from sarathi_rt.measure.http_replay import replay_endpoint
+        from sarathi_rt.harness.http_replay import replay_endpoint
 
         return replay_endpoint(self.endpoint, self.model, workload, vocab_size=self.args.vocab_size,
                                seed=self.args.seed, progress=progress), []

@@ -48,8 +48,8 @@ def _profile(args: argparse.Namespace, policies: list[str], backend: EngineBacke
     # The largest chunk any of the policies runs: vllm and orca prefill whole prompts.
     max_chunk = max(scheduler_config(args, p, workload, 1).chunk_size or 0 for p in policies)
     max_chunk = min(max_chunk, max(r.num_prompt_tokens for r in workload))
-    from sarathi_rt.measure.replay import warm_up
-    from sarathi_rt.measure.shape_profiling import profile_engine
+    from sarathi_rt.harness.replay import warm_up
+    from sarathi_rt.harness.shape_profiling import profile_engine
     from sarathi_rt.utils.dtypes import dtype_name
 
     engine = backend.engine("sarathi", workload)

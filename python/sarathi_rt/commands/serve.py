@@ -118,7 +118,7 @@ def _slo_static_budget(args: argparse.Namespace) -> int:
     model (32 decodes over 1024-token contexts, less if the cache is smaller); that
     engine is closed before the serving one loads, so the weights load twice."""
     from sarathi_rt.llm import LLM
-    from sarathi_rt.measure.step_timing import engine_slo_budget
+    from sarathi_rt.harness.step_timing import engine_slo_budget
 
     tile = args.budget_tile or 128
     with LLM(args.model, **_engine_options(args), token_budget=tile * 8, tbt_slo=None) as probe:

@@ -1,5 +1,5 @@
 """The token budget from a TBT SLO: step time T(n) for hybrid batches of n tokens (from
-a cost model here, or measured on an engine by `sarathi_rt.measure.step_timing`), then
+a cost model here, or measured on an engine by `sarathi_rt.harness.step_timing`), then
 the largest tile-aligned n whose T(n) stays within the SLO.
 
 A representative hybrid batch of n tokens carries min(num_decodes, n) decodes, each

@@ -1,7 +1,7 @@
 """Cost models: how long one step (a BatchPlan) takes on a device, without running it.
 
 * `LinearCostModel`: fixed + per-token seconds, for tests and back-of-envelope runs.
-* `TableCostModel`: T(n) measured on this machine by `measure.step_timing.measure_step_curve`.
+* `TableCostModel`: T(n) measured on this machine by `harness.step_timing.measure_step_curve`.
 * `VidurCostModel`: per-operation GPU times measured by vidur (`mlp.csv`) plus an
   attention term from FLOPs and KV bytes with stated peak numbers and efficiencies.
 """

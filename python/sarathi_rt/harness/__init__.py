@@ -1,0 +1,1 @@
+"""Tools that drive an engine to measure it."""
