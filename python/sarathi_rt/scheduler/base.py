@@ -16,6 +16,7 @@ from .prefix_cache import PrefixCacheStats, block_hashes, next_block_hash
 from .qos import class_of
 from .request import Request, RequestInfo, RequestStatus
 from sarathi_rt.step_time import StepTimeModel
+from sarathi_rt.utils.checks import positive_int
 
 RUNNING = RequestStatus.RUNNING
 
@@ -118,10 +119,8 @@ class Scheduler(ABC):
         elif isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) or \
                 not math.isfinite(arrival_time):
             raise ValueError(f"arrival_time must be a finite number of seconds, got {arrival_time!r}")
-        for name, value in (("num_prompt_tokens", num_prompt_tokens),
-                            ("max_new_tokens", max_new_tokens)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        positive_int("num_prompt_tokens", num_prompt_tokens)
+        positive_int("max_new_tokens", max_new_tokens)
         self._check_fits(num_prompt_tokens, max_new_tokens)
         keys, tail = self._prompt_keys(num_prompt_tokens, prompt_token_ids)
         self._done.pop(request_id, None)
