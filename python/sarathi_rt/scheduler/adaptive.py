@@ -87,14 +87,14 @@ class AdaptiveBudget:
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, max(urgent, self._arrival_pace(pending)))
             self.chunk_limit = max(urgent, self._paced_chunk(quantum))
-        elif urgent:
-            n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
-                                        cfg.token_budget, quantum, urgent)
         else:
             backlog = sum(r.prefill_target - r.num_computed for r in pending)
             n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
                                         cfg.token_budget, quantum, backlog=backlog,
                                         decode_steps=self._decode_steps(decodes))
+            if n < urgent:  # a floor: the rate-optimal chunk would let a first-token deadline pass
+                n = adaptive_prefill_tokens(model, limit, num_decodes, decode_kv, context,  # type: ignore[arg-type]
+                                            cfg.token_budget, quantum, urgent)
         if n == 0 and not (plan.entries and decode_seconds() <= limit):
             # The rule that keeps admission alive on slow hardware: decodes that already
             # miss the limit never hold prefill back. Leaving prefill out cannot bring
