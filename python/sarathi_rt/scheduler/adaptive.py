@@ -102,11 +102,15 @@ class AdaptiveBudget:
             # running ones finish (a 1B model on a CPU under the server's default tiers).
             # So prefill fills the step up to the next tile boundary (one tile when nothing
             # else runs), or takes MIN_PREFILL_PROGRESS tokens without a tile size, or
-            # what a waiting first token needs to make its deadline if that is more.
+            # the most the decodes' own step time holds (prefill that makes them no later),
+            # or what a waiting first token needs to make its deadline, whichever is most.
             # (Decodes that fit keep the step to themselves: prefill waits for the next
             # of them to finish, as the SLO asks.)
             tile = cfg.tile_size
             n = -(-(num_decodes + 1) // tile) * tile - num_decodes if tile else MIN_PREFILL_PROGRESS
+            if plan.entries:
+                n = max(n, adaptive_prefill_tokens(model, decode_seconds(), num_decodes, decode_kv,  # type: ignore[arg-type]
+                                                   context, cfg.token_budget, quantum))
             if urgent:
                 n = max(n, self._urgent_over_limit(pending, context, num_decodes, decode_kv))
             n = max(0, min(n, cfg.token_budget - num_decodes))
