@@ -119,6 +119,10 @@ def _on_time(outcomes: dict[int, Outcome], step_s: float, classes: dict[str, QoS
 # miss. FCFS serves the first two; the deadline policy, ranking the shorter prompt
 # first (qos_srpf_weight), serves the first and third and relegates the second.
 @example(step_s=1.0, classes=dict(DEFAULT_SERVICE_TIERS), specs=[(0, 1, 1, 0), (0, 293, 1, 0), (0, 219, 1, 0)])
+# A priority decode behind its 0.1 s tbt left prefill 128 tokens of a 1 s step that held
+# 511 at no cost: the 512-token prompt, relegated, then kept the 129-token one from its
+# deadline, which FCFS makes.
+@example(step_s=1.0, classes=dict(DEFAULT_SERVICE_TIERS), specs=[(0, 1, 7, 0), (6, 512, 1, 0), (7, 129, 1, 0)])
 def test_relegation_only_trades_with_what_fcfs_serves_late(step_s: float, classes: dict[str, QoSClass],
                                                            specs: list[Spec]) -> None:
     """Each request the deadline policy relegates though an FCFS schedule of the same run
