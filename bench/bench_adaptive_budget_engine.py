@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from sarathi_rt.measure.step_timing import measure_step_curve
+from sarathi_rt.harness.step_timing import measure_step_curve
 from sarathi_rt.sim.budget import choose_token_budget
 from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics, percentile
 from sarathi_rt.workloads import RequestSpec
@@ -72,7 +72,7 @@ def main() -> None:
     import torch
 
     from sarathi_rt import LLM
-    from sarathi_rt.measure.replay import replay, warm_up
+    from sarathi_rt.harness.replay import replay, warm_up
     from sarathi_rt.measure.slo import slo_metrics
 
     torch.set_num_threads(args.threads)

@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 
 from sarathi_rt import ops
-from sarathi_rt.measure.ab_pairs import run_pairs, this_package
+from ab_pairs import run_pairs, this_package
 from sarathi_rt.ops import reference
 from sarathi_rt.ops.attention import run_attention
 

@@ -242,7 +242,7 @@ def bench_args(url: str, regime: Regime, length_scale: float, vocab_size: int, s
 
 def run_once(side: Side, regime: Regime, args: argparse.Namespace, out: Path, expected_tokens: int) -> dict:
     """One server start, warm-up and client replay; the client's summary and the loads."""
-    from sarathi_rt.measure.http_replay import server_model
+    from sarathi_rt.harness.http_replay import server_model
 
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]

@@ -19,7 +19,7 @@ import statistics
 import time
 
 from sarathi_rt import LLM, SamplingParams
-from sarathi_rt.measure.replay import warm_up
+from sarathi_rt.harness.replay import warm_up
 
 TOPICS = [
     ["I want to bake bread at home. Where do I start?", "What flour should I buy?", "How long should it rise?",

@@ -18,7 +18,7 @@ from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve
 from sarathi_rt.sim.capacity import SLO, find_capacity
 from sarathi_rt.measure.metrics import summarize
-from sarathi_rt.measure.replay import warm_up
+from sarathi_rt.harness.replay import warm_up
 from sarathi_rt.models import resolve_model
 from sarathi_rt.scheduler import SchedulerConfig
 from sarathi_rt.sim import VidurCostModel, simulate

@@ -183,7 +183,7 @@ def engine_cell(model: str, n: int, length_scale: float, qps_start: float, probe
     to a quieter minute would count the machine's slowdown as the policy's misses."""
     from sarathi_rt.engine import EngineConfig, LLMEngine
     from sarathi_rt.measure.metrics import summarize
-    from sarathi_rt.measure.replay import replay, warm_up
+    from sarathi_rt.harness.replay import replay, warm_up
     from sarathi_rt.sim.capacity import CapacitySearch
 
     # The simulator's token budget scaled with the prompt lengths (at least 32 tokens),

@@ -6,7 +6,7 @@
 First the machine: the GEMM peak of each dtype (a large torch linear, the op the model's
 projections run) and the memory bandwidth (a streaming copy, read + write bytes). Then
 the engine on the real model (SmolLM2-135M-Instruct, from the cache) runs synthetic
-steps (`measure.step_timing`): each decode batch at `--context` cached tokens, and each
+steps (`harness.step_timing`): each decode batch at `--context` cached tokens, and each
 prefill chunk as a prompt's only chunk. Every step is timed bare (ms/step, and from it
 the achieved GFLOP/s and GB/s against the compute and memory bounds of
 `measure.roofline`) and again with timing hooks that split it into the linear layers
@@ -45,7 +45,7 @@ from sarathi_rt.engine.executor import InProcessExecutor  # noqa: E402
 from sarathi_rt.engine.worker import Worker  # noqa: E402
 from sarathi_rt.measure.roofline import ModelCost, StepRow, busy_warning, step_bytes, step_flops  # noqa: E402
 from sarathi_rt.harness.step_split import StepSplit  # noqa: E402
-from sarathi_rt.measure.step_timing import time_steps  # noqa: E402
+from sarathi_rt.harness.step_timing import time_steps  # noqa: E402
 from sarathi_rt.sim.budget import SyntheticRow  # noqa: E402
 from sarathi_rt.utils.cpu import BF16_EMULATE, BF16_ENV, cpu_flags, missing_bf16  # noqa: E402
 

@@ -31,10 +31,10 @@ import time
 from sarathi_rt.commands._serving import EngineBackend, SimBackend, add_common_args, fill_defaults, scheduler_config
 from sarathi_rt.engine import LLMEngine
 from sarathi_rt.measure.metrics import MetricsSummary, summarize
-from sarathi_rt.measure.replay import replay, warm_up
+from sarathi_rt.harness.replay import replay, warm_up
 from sarathi_rt.scheduler import BatchPlan
 from sarathi_rt.step_time.shape import StepShape
-from sarathi_rt.measure.shape_profiling import run_speed, speed_factor
+from sarathi_rt.harness.shape_profiling import run_speed, speed_factor
 from sarathi_rt.sim.shape_model import ShapeCostModel
 from sarathi_rt.sim.simulator import simulate
 from sarathi_rt.workloads import RequestSpec, make_workload

@@ -42,7 +42,7 @@ os.environ.setdefault("OMP_NUM_THREADS", _threads)
 import torch  # noqa: E402
 
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
-from sarathi_rt.measure.ab_pairs import run_pairs, this_package  # noqa: E402
+from ab_pairs import run_pairs, this_package  # noqa: E402
 
 QUIET_TARGET_MS, LOADED_TARGET_MS = 0.8, 1.5
 

@@ -9,7 +9,7 @@ import pytest
 
 from sarathi_rt.measure.metrics import percentile
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, create_scheduler
-from sarathi_rt.scheduler.policies.sarathi import MAX_DECODE_HEADROOM_STEPS
+from sarathi_rt.scheduler.adaptive import MAX_DECODE_HEADROOM_STEPS
 from sarathi_rt.step_time.shape import MAX_RATE_PROBES, StepShape, adaptive_prefill_tokens, predict
 from sarathi_rt.sim import (A100, H100, H200, LinearCostModel, PipelineLatency, TableCostModel, VidurCostModel,
                             get_hardware, infer_hardware, simulate)

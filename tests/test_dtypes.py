@@ -6,7 +6,7 @@ import torch
 from sarathi_rt import ops
 from sarathi_rt.utils.dtypes import cuda_dtype, parse_dtype
 from sarathi_rt.config import EngineConfig
-from sarathi_rt.engine.kv_cache import KVCacheShape
+from sarathi_rt.ops.kv_cache import KVCacheShape
 
 
 @pytest.mark.parametrize(("spelling", "want"), [

@@ -13,7 +13,7 @@ import sarathi_rt.engine.model_runner
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.engine import LLMEngine
 from sarathi_rt.engine.memory import auto_num_blocks
-from sarathi_rt.engine.kv_cache import KVCacheShape
+from sarathi_rt.ops.kv_cache import KVCacheShape
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 PROMPTS = [[5, 6, 7], list(range(10, 40)), [9], list(range(100, 117)), list(range(200, 260, 3))]

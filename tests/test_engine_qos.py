@@ -99,8 +99,9 @@ def test_decodes_that_step_aside_give_the_same_tokens(plain) -> None:
     engine = LLMEngine(EngineConfig(model="tiny", qos_classes=classes, **{**OPTS, "chunk_size": 32}))
     engine.scheduler.step_time_model = LinearCostModel(fixed_s=0.0, per_token_s=1.0)
     left_out = []
-    leave_out = engine.scheduler._leave_out
-    engine.scheduler._leave_out = lambda b, ids: (left_out.append(set(ids)), leave_out(b, ids))
+    planner = engine.scheduler._deadline
+    leave_out = planner._leave_out
+    planner._leave_out = lambda b, ids: (left_out.append(set(ids)), leave_out(b, ids))
     outs: dict[int, list[int]] = {}
 
     def run_until(done) -> None:

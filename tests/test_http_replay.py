@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from sarathi_rt.measure.http_replay import EndpointError, StreamTokens, agree_with_usage, tokens_in
+from sarathi_rt.harness.http_replay import EndpointError, StreamTokens, agree_with_usage, tokens_in
 
 
 def test_an_event_carries_the_tokens_it_reports() -> None:

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sarathi_rt import ops
-from sarathi_rt.engine.kv_cache import KVCache, KVCacheShape
+from sarathi_rt.ops.kv_cache import KVCache, KVCacheShape
 
 LLAMA3_8B = KVCacheShape(num_layers=32, block_size=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from sarathi_rt import LLM
-from sarathi_rt.measure.step_timing import measure_step_curve
+from sarathi_rt.harness.step_timing import measure_step_curve
 from sarathi_rt.sim.budget import choose_token_budget
 from sarathi_rt.cli import main
 from sarathi_rt.measure.metrics import summarize
-from sarathi_rt.measure.replay import replay, synthetic_prompt, warm_up
+from sarathi_rt.harness.replay import replay, synthetic_prompt, warm_up
 from sarathi_rt.workloads import RequestSpec, WorkloadConfig, make_workload
 
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from hf_models import HFModel, build, last_logits
 from sarathi_rt import LLM, SamplingParams, ops
-from sarathi_rt.engine.kv_cache import KVCache, KVCacheShape
+from sarathi_rt.ops.kv_cache import KVCache, KVCacheShape
 from sarathi_rt.models import ModelConfig, ParallelLayout, PRESETS, hf_tensor_shapes, load_model
 from sarathi_rt.models.context import StepContext
 

@@ -67,7 +67,7 @@ def test_step_split_adds_up_to_the_step_and_leaves_the_model_as_it_was() -> None
     from bench_roofline_cpu import SPLIT, StepSplit, model_cost, regimes, split_ms, worker_of
 
     from sarathi_rt import LLM
-    from sarathi_rt.measure.step_timing import time_steps
+    from sarathi_rt.harness.step_timing import time_steps
 
     llm = LLM("tiny", num_kv_blocks=64, max_num_seqs=8, token_budget=64)
     worker = worker_of(llm)

@@ -1,5 +1,5 @@
 """Admission on slow hardware: a running decode that already misses its TBT target never
-keeps a new request out (the sarathi policy's _size_budget rule), with the server's
+keeps a new request out (the sarathi policy's AdaptiveBudget.size rule), with the server's
 default service tiers and any step time from 0.01 s to 2 s."""
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_admission_waits_only_for_decodes_that_meet_their_target(fixed_s: float,
         if waiting and prefill == 0 and plan.entries:
             decodes = StepShape.hybrid(0, 0, plan.num_decode_tokens,
                                        sum(e.start_pos + 1 for e in plan.entries))
-            # Each decode's limit as deadline.step_limit has it: its next token's deadline,
+            # Each decode's limit as adaptive.step_limit has it: its next token's deadline,
             # or its tier's TBT once it is behind.
             limit = float("inf")
             for e in plan.entries:

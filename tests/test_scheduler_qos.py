@@ -286,7 +286,7 @@ def test_the_head_gets_the_chunk_that_makes_its_deadline_with_every_decode_kept(
     token), when a chunk within the step limit with every decode kept would make its
     first-token deadline: the step takes that chunk rather than leave the deadline on
     the table (nobody needs to step aside)."""
-    from sarathi_rt.scheduler.policies.sarathi import SarathiScheduler
+    from sarathi_rt.scheduler.adaptive import AdaptiveBudget
 
     cost = LinearCostModel(fixed_s=0.01, per_token_s=1e-4)
     cfg = SchedulerConfig(token_budget=512, max_num_seqs=8, num_blocks=512, qos_classes=CLASSES, default_qos="chat")
@@ -298,13 +298,13 @@ def test_the_head_gets_the_chunk_that_makes_its_deadline_with_every_decode_kept(
         now += cost.predict_shape(StepShape.of_plan(plan))
         s.update(plan)
     s.add_request("p", 300, 4, arrival_time=now - 0.45)  # 0.05 s left of its 0.5 s ttft: one chunk of 300 makes it
-    size_budget = SarathiScheduler._size_budget
+    size = AdaptiveBudget.size
 
     def too_small(self, b, prefills, decodes):
-        size_budget(self, b, prefills, decodes)
+        size(self, b, prefills, decodes)
         b.budget = b.plan.num_decode_tokens + 1
 
-    monkeypatch.setattr(SarathiScheduler, "_size_budget", too_small)
+    monkeypatch.setattr(AdaptiveBudget, "size", too_small)
     plan = s.schedule(now)
     assert {e.request_id for e in plan.entries} == {"d", "p"} and plan.num_prefill_tokens == 300
     assert now + cost.predict_shape(StepShape.of_plan(plan)) <= now - 0.45 + 0.5

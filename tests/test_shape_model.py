@@ -10,7 +10,7 @@ import pytest
 from sarathi_rt.cli import main
 from sarathi_rt.scheduler import BatchPlan, PlanEntry
 from sarathi_rt.step_time.shape import StepShape
-from sarathi_rt.measure.shape_profiling import chunk_grid, decode_grid, measure, profile_batches, run_speed, speed_factor
+from sarathi_rt.harness.shape_profiling import chunk_grid, decode_grid, measure, profile_batches, run_speed, speed_factor
 from sarathi_rt.sim.shape_model import MeasuredStep, ShapeCostModel, ShapeProfile
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from sarathi_rt.utils.checks import positive_int
 from sarathi_rt.utils.frozen import FrozenMap
 
 if TYPE_CHECKING:
@@ -142,9 +143,7 @@ class WorkloadConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_requests", "prompt_len", "decode_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name))
         if not (isinstance(self.qps, (int, float)) and self.qps > 0 and math.isfinite(self.qps)):
             raise ValueError(f"qps must be a positive finite number, got {self.qps!r}")
         if self.arrival not in ARRIVALS:
@@ -258,8 +257,7 @@ def _ids(rng: np.random.Generator, n: int, vocab_size: int) -> list[int]:
 
 def _check_counts(**values: int) -> None:
     for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        positive_int(name, value)
 
 
 def system_prompt_workload(num_requests: int, qps: float, *, num_system_prompts: int = 4,

@@ -15,7 +15,7 @@ from sarathi_rt.config.budget import (DEFAULT_BUDGET_TILE, Budget, add_budget_fl
                                       resolve_budget)
 from sarathi_rt.config.flags import add_config_flags, flag_name, given_flags, given_options
 from sarathi_rt.config.tree import DEFAULT_MODEL, field_names
-from sarathi_rt.measure.step_timing import engine_slo_budget
+from sarathi_rt.harness.step_timing import engine_slo_budget
 from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics
 from sarathi_rt.scheduler import available_policies, get_policy
 from sarathi_rt.scheduler.qos import qos_classes_from
@@ -279,7 +279,7 @@ class EngineBackend:
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
-        from sarathi_rt.measure.replay import replay, warm_up
+        from sarathi_rt.harness.replay import replay, warm_up
 
         engine = self.engine(policy, workload)
         warm_up(engine)
@@ -294,7 +294,7 @@ class EndpointBackend:
     args: argparse.Namespace
 
     def __post_init__(self) -> None:
-        from sarathi_rt.measure.http_replay import server_model
+        from sarathi_rt.harness.http_replay import server_model
 
         if getattr(self.args, "simulate", False):
             raise ValueError("--endpoint and --simulate exclude each other")
@@ -308,7 +308,7 @@ class EndpointBackend:
 
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
-        from sarathi_rt.measure.http_replay import replay_endpoint
+        from sarathi_rt.harness.http_replay import replay_endpoint
 
         return replay_endpoint(self.endpoint, self.model, workload, vocab_size=self.args.vocab_size,
                                seed=self.args.seed, progress=progress), []

@@ -46,8 +46,8 @@ def _profile(args: argparse.Namespace, policies: list[str], backend: EngineBacke
     max_chunk = max(o.get("chunk_size") or o["token_budget"] for o in (policy_options(args, p, workload)
                                                                         for p in policies))
     max_chunk = min(max_chunk, max(r.num_prompt_tokens for r in workload))
-    from sarathi_rt.measure.replay import warm_up
-    from sarathi_rt.measure.shape_profiling import profile_engine
+    from sarathi_rt.harness.replay import warm_up
+    from sarathi_rt.harness.shape_profiling import profile_engine
     import torch
 
     from sarathi_rt.utils.dtypes import dtype_name

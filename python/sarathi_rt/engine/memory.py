@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from sarathi_rt.engine.kv_cache import KVCacheShape
+from sarathi_rt.ops.kv_cache import KVCacheShape
 
 CPU_FRACTION = 0.5
 CUDA_FRACTION = 0.9

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from sarathi_rt.engine.kv_cache import KVCache, KVCacheShape
+from sarathi_rt.ops.kv_cache import KVCache, KVCacheShape
 from sarathi_rt.models import CausalLM, ParallelLayout, ResolvedModel, load_model
 from sarathi_rt.utils.nvtx import nvtx_detail_range, nvtx_range
 

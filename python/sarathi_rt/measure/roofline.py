@@ -18,6 +18,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sarathi_rt.utils.checks import positive_int
+
 # The 1-minute load average is an exponentially weighted mean of the runnable tasks over
 # the last minute (time constant 60 s).
 _LOADAVG_TAU_S = 60.0
@@ -39,9 +41,7 @@ class ModelCost:
 
     def __post_init__(self) -> None:
         for name in ("layer_params", "head_params", "weight_bytes", "kv_bytes_per_token"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name))
 
 
 @dataclass(frozen=True)

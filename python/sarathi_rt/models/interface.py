@@ -14,7 +14,7 @@ from .context import StepContext
 from .parallel import BoundLayout
 
 if TYPE_CHECKING:  # the engine owns the cache; a model only binds to it
-    from sarathi_rt.engine.kv_cache import KVCache
+    from sarathi_rt.ops.kv_cache import KVCache
 
 
 class CausalLM(Protocol):

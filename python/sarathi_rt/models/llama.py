@@ -28,7 +28,7 @@ from .context import StepContext
 from .parallel import BoundLayout, ParallelLayout
 
 if TYPE_CHECKING:  # the engine owns the cache; a model only binds to it
-    from sarathi_rt.engine.kv_cache import KVCache
+    from sarathi_rt.ops.kv_cache import KVCache
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:

@@ -1,7 +1,9 @@
 """Torch-tensor ops backed by the C++/CUDA core (`sarathi_rt._C`): the attention work
 plan built once per step (`attention_plan`) and the fused hybrid attention that runs it,
 paged KV writes, tile-aligned GEMMs (`linear`, `gemm_plan`), the elementwise kernels, and
-float64 references for each (`reference`). CPU and CUDA tensors share one API."""
+float64 references for each (`reference`). CPU and CUDA tensors share one API. The paged
+KV cache's storage those ops read and write (`kv_cache`) lives here too, below the models
+that bind to it and the engine that allocates it."""
 from sarathi_rt.ops import reference
 from sarathi_rt.ops.attention import hybrid_attention, write_kv
 from sarathi_rt.ops.elementwise import rms_norm, rope_cos_sin_cache, rotary_embedding, silu_and_mul

@@ -7,6 +7,7 @@ import math
 import torch
 
 from sarathi_rt import _C
+from sarathi_rt.utils.checks import positive_int
 from sarathi_rt.utils.dtypes import DTypeLike, parse_dtype
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
 from sarathi_rt.ops._registry import native_op
@@ -139,9 +140,8 @@ def rope_cos_sin_cache(rotary_dim: int, max_position: int, base: float, rope_sca
     In float32 every value equals transformers' LlamaRotaryEmbedding cos/sin; float64
     gives a more exact cache for references.
     """
-    for name, value in (("rotary_dim", rotary_dim), ("max_position", max_position)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    positive_int("rotary_dim", rotary_dim)
+    positive_int("max_position", max_position)
     if rotary_dim % 2 != 0:
         raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
     if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0 or not math.isfinite(base):

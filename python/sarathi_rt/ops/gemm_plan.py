@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from sarathi_rt import _C
+from sarathi_rt.utils.checks import positive_int
 from sarathi_rt.utils.dtypes import parse_dtype
 from sarathi_rt.ops._checks import DTYPE_CODES
 
@@ -69,12 +70,6 @@ def gemm_tile_configs() -> list[dict]:
     return list(_C.gemm_tile_configs())
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def _target(device: str | torch.device, arch: int | None, num_sms: int | None) -> tuple[int, int]:
     try:
         dev = torch.device(device)
@@ -92,8 +87,8 @@ def _target(device: str | torch.device, arch: int | None, num_sms: int | None) -
     else:
         props = torch.cuda.get_device_properties(dev)
         default_arch, default_sms = props.major * 10 + props.minor, props.multi_processor_count
-    arch = default_arch if arch is None else _positive_int("arch", arch)
-    num_sms = default_sms if num_sms is None else _positive_int("num_sms", num_sms)
+    arch = default_arch if arch is None else positive_int("arch", arch)
+    num_sms = default_sms if num_sms is None else positive_int("num_sms", num_sms)
     return arch, num_sms
 
 
@@ -106,7 +101,7 @@ def gemm_plan(M: int, N: int, K: int, dtype: torch.dtype | str, device: str | to
     a host without a GPU needs both); `config` (a name from gemm_tile_configs()) and
     `split_k` (1..8 K slices) force a choice, e.g. for sweeps."""
     for name, value in (("M", M), ("N", N), ("K", K)):
-        _positive_int(name, value)
+        positive_int(name, value)
     dtype = parse_dtype(dtype, allowed=tuple(DTYPE_CODES))
     arch, num_sms = _target(device, arch, num_sms)
     config_id = -1
@@ -116,7 +111,7 @@ def gemm_plan(M: int, N: int, K: int, dtype: torch.dtype | str, device: str | to
             raise ValueError(f"config must be one of {sorted(by_name)}, got {config!r}")
         config_id = by_name[config]
     if split_k is not None:
-        _positive_int("split_k", split_k)
+        positive_int("split_k", split_k)
     return _plan(M, N, K, dtype, arch, num_sms, config_id, split_k or 0)
 
 

@@ -1,6 +1,6 @@
 """Pure-Python scheduling policy (no tensors): which requests run how many tokens in
 each step, and which KV blocks they own. Embeddable on its own."""
-from .base import Scheduler
+from .base import Scheduler, create_scheduler
 from .block_manager import BlockManager
 from .chunking import suggest_chunk_size
 from .qos import QoSClass
@@ -9,7 +9,7 @@ from .batch_plan import BatchPlan, PlanEntry
 from .prefix_cache import PrefixCacheStats, block_hashes
 from .policies import (DecodeMaximalScheduler, OrcaScheduler, RequestLevelScheduler,
                        SarathiScheduler, VLLMScheduler)
-from .registry import available_policies, create_scheduler, get_policy, register_policy
+from .registry import available_policies, get_policy, register_policy
 from .request import RequestInfo, RequestStatus
 
 __all__ = [

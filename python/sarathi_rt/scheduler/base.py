@@ -14,8 +14,10 @@ from .config import SchedulerConfig
 from .batch_plan import BatchPlan, PlanEntry
 from .prefix_cache import PrefixCacheStats, block_hashes, next_block_hash
 from .qos import class_of
+from .registry import get_policy
 from .request import Request, RequestInfo, RequestStatus
 from sarathi_rt.step_time import StepTimeModel
+from sarathi_rt.utils.checks import positive_int
 
 RUNNING = RequestStatus.RUNNING
 
@@ -118,10 +120,8 @@ class Scheduler(ABC):
         elif isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) or \
                 not math.isfinite(arrival_time):
             raise ValueError(f"arrival_time must be a finite number of seconds, got {arrival_time!r}")
-        for name, value in (("num_prompt_tokens", num_prompt_tokens),
-                            ("max_new_tokens", max_new_tokens)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        positive_int("num_prompt_tokens", num_prompt_tokens)
+        positive_int("max_new_tokens", max_new_tokens)
         self._check_fits(num_prompt_tokens, max_new_tokens)
         keys, tail = self._prompt_keys(num_prompt_tokens, prompt_token_ids)
         self._done.pop(request_id, None)
@@ -512,3 +512,9 @@ class Scheduler(ABC):
         req.status = status
         del self._live[req.request_id]
         self._done[req.request_id] = req
+
+
+def create_scheduler(config: SchedulerConfig, step_time_model: StepTimeModel | None = None) -> Scheduler:
+    """The policy's scheduler; `step_time_model` sizes each step when config.tbt_slo is set."""
+    scheduler: Scheduler = get_policy(config.policy)(config, step_time_model)  # type: ignore[operator]
+    return scheduler

@@ -5,22 +5,30 @@ config looks names up in it, so neither imports the other (the package's `__init
 imports every built-in policy before anything can build a config)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
-
-if TYPE_CHECKING:
-    from .base import Scheduler
-    from .config import SchedulerConfig
-    from sarathi_rt.step_time import StepTimeModel
-
-_POLICIES: dict[str, type[Scheduler]] = {}
-S = TypeVar("S", bound="type[Scheduler]")
+from typing import Any, Protocol, TypeVar
 
 
-def register_policy(cls: S) -> S:
+class Policy(Protocol):
+    """What the registry and the config read of a policy class (a Scheduler subclass,
+    named here by its shape so that this module imports nothing of the scheduler)."""
+
+    name: str
+    chunked: bool  # prefills in chunks (takes chunk_size)
+    adaptive: bool  # sizes steps in seconds (takes tbt_slo and the deadline policy)
+
+    def check_config(self, config: Any) -> None: ...
+
+
+_POLICIES: dict[str, Any] = {}
+P = TypeVar("P")
+
+
+def register_policy(cls: P) -> P:
     """Class decorator: make a Scheduler subclass available under `cls.name`."""
-    if not cls.name or cls.name in _POLICIES:
-        raise ValueError(f"policy name {cls.name!r} is empty or already registered")
-    _POLICIES[cls.name] = cls
+    name = getattr(cls, "name", "")
+    if not name or name in _POLICIES:
+        raise ValueError(f"policy name {name!r} is empty or already registered")
+    _POLICIES[name] = cls
     return cls
 
 
@@ -28,14 +36,8 @@ def available_policies() -> list[str]:
     return sorted(_POLICIES)
 
 
-def get_policy(name: str) -> type[Scheduler]:
+def get_policy(name: str) -> Policy:
     try:
         return _POLICIES[name]
     except KeyError:
         raise ValueError(f"policy must be one of {sorted(_POLICIES)}, got {name!r}") from None
-
-
-def create_scheduler(config: SchedulerConfig, step_time_model: StepTimeModel | None = None) -> Scheduler:
-    """The policy's scheduler; `step_time_model` sizes each step when config.tbt_slo is set."""
-    return get_policy(config.policy)(config, step_time_model)
-

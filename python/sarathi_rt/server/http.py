@@ -1,28 +1,17 @@
-"""The HTTP layer around the app: a bound on request bodies, and a uvicorn server whose
-shutdown drains the OpenAIServer instead of cancelling its streams mid-body."""
+"""The HTTP layer below the app: a bound on request bodies, as ASGI middleware."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
-
-import uvicorn
+from typing import Any
 
 from .protocol import error_body
-
-if TYPE_CHECKING:
-    from .app import OpenAIServer
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-# How long past the drain uvicorn waits for connections before it cancels their tasks:
-# only a stream the drain could not end (a client that stopped reading) is left by then.
-CANCEL_GRACE_SECONDS = 10.0
 
 
 class BodyLimit:
@@ -70,35 +59,3 @@ class BodyLimit:
                     "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
                                 (b"content-length", str(len(content)).encode())]})
         await send({"type": "http.response.body", "body": content})
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server, whose shutdown (SIGINT, SIGTERM, should_exit) stops listening
-    and closes idle connections at once, then drains `server` for `shutdown_timeout`
-    seconds (see OpenAIServer.drain) before uvicorn's own shutdown. It shuts down by
-    itself once the engine has failed (`engine_failed`; the command then exits non-zero)."""
-
-    def __init__(self, server: OpenAIServer, host: str, port: int, shutdown_timeout: float,
-                 log_level: str = "info") -> None:
-        if not shutdown_timeout >= 0:
-            raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {shutdown_timeout!r}")
-        self.server, self.shutdown_timeout = server, shutdown_timeout
-        super().__init__(uvicorn.Config(server.app, host=host, port=port, log_level=log_level,
-                                        timeout_graceful_shutdown=shutdown_timeout + CANCEL_GRACE_SECONDS))
-
-    @property
-    def engine_failed(self) -> bool:
-        return self.server.llm.engine.failure is not None
-
-    async def on_tick(self, counter: int) -> bool:
-        if self.engine_failed:  # nothing more can be served: drain what is left and exit
-            self.should_exit = True
-        return await super().on_tick(counter)
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        for listener in self.servers:
-            listener.close()
-        for connection in list(self.server_state.connections):
-            connection.shutdown()  # idle keep-alive ones close; busy ones close after their response
-        await self.server.drain(self.shutdown_timeout)
-        await super().shutdown(sockets)

@@ -1,5 +1,5 @@
 """The token budget from a TBT SLO: step time T(n) for hybrid batches of n tokens (from
-a cost model here, or measured on an engine by `sarathi_rt.measure.step_timing`), then
+a cost model here, or measured on an engine by `sarathi_rt.harness.step_timing`), then
 the largest tile-aligned n whose T(n) stays within the SLO.
 
 A representative hybrid batch of n tokens carries min(num_decodes, n) decodes, each
@@ -15,6 +15,7 @@ from typing import NamedTuple, Sequence
 
 from sarathi_rt.scheduler import BatchPlan, PlanEntry
 from sarathi_rt.sim.cost import CostModel, TableCostModel, interpolate_measured
+from sarathi_rt.utils.checks import positive_int
 from sarathi_rt.workloads import RequestSpec
 
 
@@ -117,8 +118,7 @@ def choose_token_budget(profile: StepTimeCurve, tbt_slo: float, tile_size: int =
     ValueError when not even one tile meets the SLO."""
     if not (isinstance(tbt_slo, (int, float)) and tbt_slo > 0 and math.isfinite(tbt_slo)):
         raise ValueError(f"tbt_slo must be a positive finite number of seconds, got {tbt_slo!r}")
-    if not isinstance(tile_size, int) or isinstance(tile_size, bool) or tile_size <= 0:
-        raise ValueError(f"tile_size must be a positive int, got {tile_size!r}")
+    positive_int("tile_size", tile_size)
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin!r}")
     limit = tbt_slo * (1 - margin)

@@ -1,7 +1,7 @@
 """Cost models: how long one step (a BatchPlan) takes on a device, without running it.
 
 * `LinearCostModel`: fixed + per-token seconds, for tests and back-of-envelope runs.
-* `TableCostModel`: T(n) measured on this machine by `measure.step_timing.measure_step_curve`.
+* `TableCostModel`: T(n) measured on this machine by `harness.step_timing.measure_step_curve`.
 * `VidurCostModel`: per-operation GPU times measured by vidur (`mlp.csv`) plus an
   attention term from FLOPs and KV bytes with stated peak numbers and efficiencies.
 """
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from sarathi_rt.scheduler import BatchPlan
-from sarathi_rt.step_time.shape import StepShape
+from sarathi_rt.step_time.shape import PlannedStep, StepShape
+from sarathi_rt.utils.checks import positive_int
 
 from .hardware import A100, Hardware, get_hardware, infer_hardware
 
@@ -51,7 +52,7 @@ class ShapeCost:
     def step_time(self, plan: BatchPlan) -> float:
         return self.predict_shape(StepShape.of_plan(plan))
 
-    def observe(self, plan: BatchPlan, seconds: float) -> None:
+    def observe(self, plan: PlannedStep, seconds: float) -> None:
         """Nothing to learn: the simulator's steps take what this model says."""
 
 
@@ -164,8 +165,7 @@ class VidurCostModel(ShapeCost):
     def __init__(self, profile_path: str, num_layers: int = 32, tp: int = 1, hardware: Hardware | str | None = None,
                  attn_flops_eff: float = 0.5, attn_bw_eff: float = 0.7, gemm_eff: float = 0.7,
                  dtype_bytes: int = 2) -> None:
-        if not isinstance(num_layers, int) or num_layers <= 0:
-            raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+        positive_int("num_layers", num_layers)
         for name, eff in (("attn_flops_eff", attn_flops_eff), ("attn_bw_eff", attn_bw_eff),
                           ("gemm_eff", gemm_eff)):
             if not 0 < eff <= 1:

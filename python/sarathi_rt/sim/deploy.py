@@ -24,6 +24,7 @@ from sarathi_rt.sim.capacity import SLO, find_capacity
 from sarathi_rt.measure.metrics import MetricsSummary, summarize
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, get_policy
 from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
+from sarathi_rt.utils.checks import positive_int
 from sarathi_rt.workloads import RequestSpec, WorkloadConfig, make_workload
 
 TP_SIZES = (1, 2, 4, 8, 16)  # those the profile has rows for are searched
@@ -70,9 +71,7 @@ class DeploymentRequest:
         if self.hardware not in HARDWARE:
             raise ValueError(f"hardware must be one of {sorted(HARDWARE)}, got {self.hardware!r}")
         for name in ("num_layers", "gpus_per_node", "max_gpus", "max_num_seqs", "block_size", "top"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name))
         if not self.policies:
             raise ValueError("policies must name at least one policy")
         for policy in self.policies:

@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 
 from sarathi_rt.measure.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
 from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, QoSClass, SchedulerConfig, create_scheduler
-from sarathi_rt.step_time.shape import StepShape, StepTimeModel
+from sarathi_rt.step_time.shape import PlannedStep, StepShape, StepTimeModel
+from sarathi_rt.utils.checks import positive_int
 from sarathi_rt.workloads import RequestSpec
 
 from .cost import CostModel
@@ -76,7 +77,7 @@ class PipelineLatency:
         # A send grows with the tokens it carries.
         return self.cost_model.predict_bound(shape) + (self.stages - 1) * self.cost_model.comm_time(shape.num_tokens)
 
-    def observe(self, plan: BatchPlan, seconds: float) -> None:
+    def observe(self, plan: PlannedStep, seconds: float) -> None:
         """Exact by construction: nothing to learn."""
 
 
@@ -93,8 +94,7 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     the cost model itself, which knows every step exactly; with pipeline stages, the
     micro-batch's trip through all of them, see PipelineLatency); a model passed in
     observes each micro-batch from its issue to its last stage, as the engine does."""
-    if not isinstance(pipeline_stages, int) or isinstance(pipeline_stages, bool) or pipeline_stages <= 0:
-        raise ValueError(f"pipeline_stages must be a positive int, got {pipeline_stages!r}")
+    positive_int("pipeline_stages", pipeline_stages)
     if any(b.arrival_time < a.arrival_time for a, b in zip(workload, workload[1:])):
         raise ValueError("workload must be sorted by arrival_time")
     ids = [r.request_id for r in workload]

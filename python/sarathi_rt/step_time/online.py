@@ -20,14 +20,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from .shape import StepShape
-
-if TYPE_CHECKING:
-    from sarathi_rt.scheduler import BatchPlan
+from .shape import PlannedStep, StepShape
 
 
 def features(shape: StepShape) -> list[float]:
@@ -122,10 +117,10 @@ class OnlineStepTimeModel:
         of the largest step grow with the step, so it is monotone in every count."""
         return self.predict_shape(shape)
 
-    def observe(self, plan: BatchPlan, seconds: float) -> None:
+    def observe(self, plan: PlannedStep, seconds: float) -> None:
         if not (seconds >= 0 and math.isfinite(seconds)):
             raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
-        if plan.is_empty:
+        if not plan.entries:
             return
         shape = StepShape.of_plan(plan)
         if self._coef is not None:

@@ -4,10 +4,31 @@ the protocol of a model that predicts the step's time from that shape."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
-if TYPE_CHECKING:
-    from sarathi_rt.scheduler.batch_plan import BatchPlan
+
+class PlannedEntry(Protocol):
+    """What a step's cost reads of one entry of a step's plan (scheduler.PlanEntry)."""
+
+    @property
+    def start_pos(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def is_prefill(self) -> bool: ...
+    @property
+    def emits_token(self) -> bool: ...
+
+
+class PlannedStep(Protocol):
+    """What a step's cost reads of a step's plan (scheduler.BatchPlan). Named here, not
+    imported: the scheduler sizes its steps with this package, so this package sits
+    below it and cannot depend on it."""
+
+    @property
+    def entries(self) -> Sequence[PlannedEntry]: ...
+    @property
+    def num_prefill_tokens(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +52,7 @@ class StepShape:
         return self.num_prefill_tokens + self.num_decodes
 
     @classmethod
-    def of_plan(cls, plan: BatchPlan) -> StepShape:
+    def of_plan(cls, plan: PlannedStep) -> StepShape:
         pairs = pkv = decodes = dkv = sampled = 0
         for e in plan.entries:
             q, s = e.num_tokens, e.start_pos
@@ -81,7 +102,7 @@ class StepTimeModel(Protocol):
         picks another kernel between two sizes), so the budget checks a size against
         this bound. predict_shape for a model that is monotone in the token count."""
 
-    def observe(self, plan: BatchPlan, seconds: float) -> None:
+    def observe(self, plan: PlannedStep, seconds: float) -> None:
         """Learn from a step that ran `plan` in `seconds` (a no-op for fixed models)."""
 
 

@@ -66,7 +66,7 @@ def _batch_rows(q: int, pctx: int, d: int, dctx: int) -> list[SyntheticRow]:
 def host_overhead(engine: LLMEngine, workload: Sequence[RequestSpec], seed: int) -> float:
     """Median over the steps of a real run of the workload of (engine step time - the
     executor's time): scheduling, building inputs and handling outputs."""
-    from sarathi_rt.measure.replay import replay
+    from sarathi_rt.harness.replay import replay
 
     executor = engine.executor
     submit, executed = executor.submit, []

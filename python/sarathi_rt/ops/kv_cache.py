@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sarathi_rt.utils.checks import positive_int
 from sarathi_rt.utils.dtypes import DTypeLike, parse_dtype
 
 
@@ -18,9 +19,7 @@ class KVCacheShape:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "block_size", "num_kv_heads", "head_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name))
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
 
     @property

@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from sarathi_rt.measure.metrics import RequestMetrics
-from sarathi_rt.measure.replay import synthetic_prompt
+from sarathi_rt.harness.replay import synthetic_prompt
 from sarathi_rt.workloads import RequestSpec
 
 
