@@ -6,7 +6,7 @@ import torch
 from sarathi_rt import _C, ops
 from sarathi_rt.models import CausalLM, StepContext
 
-from .kv_cache import KVCache
+from sarathi_rt.ops.kv_cache import KVCache
 from .step_io import StepInput
 
 

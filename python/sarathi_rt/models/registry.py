@@ -8,10 +8,7 @@ the config and loaders look names up here, so neither imports the other (the pac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .llama import LlamaForCausalLM
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -29,7 +26,9 @@ class Family:
 
     name: str
     architectures: tuple[str, ...]
-    model_class: type[LlamaForCausalLM]
+    # Builds a models.interface.CausalLM (not named: the interface imports the config,
+    # which imports this module).
+    model_class: Callable[..., Any]
     gguf_architecture: str | None = None
     fixed_bias: tuple[bool, bool] | None = None
     gguf_rope_permuted: bool = False
