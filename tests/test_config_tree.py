@@ -188,3 +188,13 @@ def test_random_valid_configs_round_trip_into_the_scheduler(seed: int) -> None:
     for name in field_names(*SECTIONS) & {f.name for f in dataclasses.fields(SchedulerConfig)} - {"tile_size"}:
         assert getattr(sched, name) == getattr(config, name), name
     assert sched.num_blocks == 100 and sched.max_num_seqs <= sched.token_budget or not cls.chunked
+
+
+def test_the_configuration_page_is_the_trees() -> None:
+    """docs/configuration.md is generated: `python -m sarathi_rt.config.reference`."""
+    from pathlib import Path
+
+    from sarathi_rt.config.reference import render
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    assert page.read_text() == render(), "run: python -m sarathi_rt.config.reference"
