@@ -35,13 +35,13 @@ def test_two_profiles_exclude_each_other(tmp_path) -> None:
         main(["bench", "--simulate", "--step-profile", "p.json", "--vidur-profile", "m.csv", "--out", str(tmp_path)])
 
 
-@pytest.mark.parametrize("command", ["bench", "capacity", "plan", "serve", "generate", "profile"])
+@pytest.mark.parametrize("command", ["bench", "capacity", "deploy", "serve", "generate", "profile"])
 @pytest.mark.parametrize("old", ["--tp", "--pipeline-stages", "--num-blocks", "--profile", "--adaptive-budget",
                                  "--prefix-caching"])
 def test_no_second_spelling(command: str, old: str, capsys) -> None:
     """One spelling per flag: the old ones are unknown, not aliases."""
     argv = [command, old] + ([] if old in ("--adaptive-budget", "--prefix-caching") else ["1"])
-    argv += ["--qps", "1", "--tbt-slo", "0.1"] if command == "plan" else []
+    argv += ["--qps", "1", "--tbt-slo", "0.1"] if command == "deploy" else []
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
@@ -51,11 +51,11 @@ def test_no_second_spelling(command: str, old: str, capsys) -> None:
     ["--help"],
     ["bench", "--simulate", "--num-requests", "8", "--qps", "4", "--policy", "sarathi"],
     ["capacity", "--simulate", "--tbt-slo", "0.2", "--num-requests", "8", "--policy", "sarathi", "--max-probes", "2"],
-    pytest.param(["plan", "--qps", "0.5", "--tbt-slo", "0.2", "--num-requests", "10", "--max-gpus", "1",
+    pytest.param(["deploy", "--qps", "0.5", "--tbt-slo", "0.2", "--num-requests", "10", "--max-gpus", "1",
                   "--policy", "sarathi", "--token-budget", "512"], marks=pytest.mark.slow),  # ~10 s of simulation
 ])
 def test_light_commands_do_not_import_torch(argv: list[str], tmp_path) -> None:
-    out = [] if argv[0] in ("--help", "plan") else ["--out", str(tmp_path)]
+    out = [] if argv[0] in ("--help", "deploy") else ["--out", str(tmp_path)]
     code = ("import json, sys\nfrom sarathi_rt.cli import main\n"
             f"try:\n    main({[*argv, *out]!r})\nexcept SystemExit:\n    pass\n"
             "print(json.dumps({m: m in sys.modules for m in ('torch', 'matplotlib')}))")

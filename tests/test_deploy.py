@@ -73,7 +73,7 @@ def test_ttft_limit_and_bad_arguments() -> None:
 
 @pytest.mark.slow
 def test_plan_command_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["plan", "--qps", "2", "--tbt-slo", "0.1", "--gpus-per-node", "1", "--max-gpus", "2",
+    code = main(["deploy", "--qps", "2", "--tbt-slo", "0.1", "--gpus-per-node", "1", "--max-gpus", "2",
                  "--policy", "sarathi", "--num-requests", "60", "--top", "1", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and len(out["plans"]) == 1

@@ -28,7 +28,7 @@ def test_root_metadata_stays_torch_free() -> None:
 
 def test_command_line_parses_without_torch() -> None:
     # Every subcommand registers its parser; only running a model loads torch, so
-    # `sarathi-rt plan` or `capacity --simulate` start in a fraction of a second.
+    # `sarathi-rt deploy` or `capacity --simulate` start in a fraction of a second.
     code = ("import argparse, importlib\nfrom sarathi_rt.cli import COMMANDS\n"
             "sub = argparse.ArgumentParser().add_subparsers()\n"
             "for name in COMMANDS:\n    importlib.import_module(f'sarathi_rt.commands.{name}').add_parser(sub)")

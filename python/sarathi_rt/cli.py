@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Subcommand modules, each with add_parser(subparsers) -> None and run(args) -> int.
-COMMANDS = ["demo", "generate", "bench", "capacity", "profile", "plan", "serve"]
+COMMANDS = ["demo", "generate", "bench", "capacity", "profile", "deploy", "serve"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch  # only for the commands that run kernels: `sarathi-rt plan` starts without it
+    import torch  # only for the commands that run kernels: `sarathi-rt deploy` starts without it
 
     import sarathi_rt
     from sarathi_rt import ops

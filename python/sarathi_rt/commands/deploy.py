@@ -1,4 +1,4 @@
-"""`sarathi-rt plan`: the cheapest deployments (fewest GPUs: replicas x TP x PP, policy,
+"""`sarathi-rt deploy`: the cheapest deployments (fewest GPUs: replicas x TP x PP, policy,
 token budget) that serve --qps within the SLOs, searched on the simulator. Candidates
 whose weights do not fit, whose single decode step misses the TBT SLO, or whose
 throughput ceiling needs more than --max-gpus are dropped before simulating; the
@@ -20,7 +20,7 @@ DEFAULT_PROFILE = "a100_llama-3-8b_mlp.csv.gz"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plan", help="cheapest GPU deployment meeting the SLOs at a rate (simulated)",
+    p = subparsers.add_parser("deploy", help="cheapest GPU deployment meeting the SLOs at a rate (simulated)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--qps", type=float, required=True, help="target request rate")
     p.add_argument("--tbt-slo", type=float, required=True, help="P99 time-between-tokens limit (s)")
