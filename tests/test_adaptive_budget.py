@@ -499,6 +499,7 @@ def test_engine_adaptive_budget_learns_micro_batches_of_a_pipeline() -> None:
     from sarathi_rt import SamplingParams
     from sarathi_rt.engine import EngineConfig, LLMEngine
     from sarathi_rt.engine.executor import InProcessExecutor
+    from sarathi_rt.models import resolve_model
 
     class TwoDeep(InProcessExecutor):  # a pipeline's driver-side behaviour, in-process
         pipeline_depth = 2
@@ -510,7 +511,7 @@ def test_engine_adaptive_budget_learns_micro_batches_of_a_pipeline() -> None:
 
     config = EngineConfig(model="tiny", token_budget=32, max_num_seqs=8, num_kv_blocks=64, tbt_slo=10.0,
                           pipeline_parallel_size=2)
-    executor = TwoDeep(config)
+    executor = TwoDeep(config, resolve_model(config.model))
     engine = LLMEngine(config, executor=executor)
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     for i in range(4):  # a whole prompt per micro-batch (the budget) keeps both stages fed

@@ -155,6 +155,31 @@ def test_bad_values_are_named_the_same_everywhere(name: str, value: object, mess
         assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"policy": "vllm", "chunk_size": 32}, "chunk_size is not used by policy 'vllm'"),
+    ({"policy": "orca", "long_prefill_threshold": 64}, "long_prefill_threshold is not used by policy 'orca'"),
+    ({"policy": "vllm", "tbt_slo": 0.1}, "tbt_slo (the adaptive token budget) is not supported by policy 'vllm'"),
+    ({"policy": "vllm", "qos_classes": {"a": {"ttft": 1, "tbt": 0.1}}, "default_qos": "a", "qos_policy": "deadline"},
+     "qos_policy 'deadline' is not supported by policy 'vllm'"),
+    ({"slo_margin": 0.2}, "slo_margin is used only where steps are sized in seconds"),
+    ({"qos_srpf_weight": 2.0}, "qos_srpf_weight orders the deadline policy"),
+    ({"token_budget": 64, "tile_size": 128}, "token_budget (64) is below one tile"),
+    ({"token_budget": 64, "chunk_size": 128}, "chunk_size (128) must not exceed token_budget (64)"),
+])
+def test_contradictions_are_errors_never_rewrites(options: dict, message: str, tmp_path) -> None:
+    """The same from LLM's keywords (EngineConfig), a bare SchedulerConfig and bench."""
+    escaped = message.replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(ValueError, match=escaped):
+        EngineConfig(model="tiny", **options)
+    with pytest.raises(ValueError, match=escaped):
+        SchedulerConfig(**options)
+    # bench takes classes with a mix, and reads --tbt-slo as goodput's target under any policy.
+    if "qos_classes" not in options and "tbt_slo" not in options:
+        argv = [part for name, value in options.items() for part in (flag_name(name), str(value))]
+        with pytest.raises(ValueError):
+            main(["bench", "--simulate", *argv, "--out", str(tmp_path)])
+
+
 def test_config_file_and_flags(tmp_path, monkeypatch) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"model": "tiny", "token_budget": 64, "watermark": 0.05}))
@@ -181,11 +206,16 @@ def test_random_valid_configs_round_trip_into_the_scheduler(seed: int) -> None:
     if cls.chunked and rng.random() < 0.5:
         options["chunk_size"] = 32
     if cls.adaptive:
-        options |= {"tbt_slo": rng.choice([None, 0.05]), "slo_margin": rng.choice([None, 0.2]),
-                    "qos_srpf_weight": rng.choice([0.0, 2.0]), "long_prefill_threshold": rng.choice([None, 48])}
+        options |= {"tbt_slo": rng.choice([None, 0.05]), "long_prefill_threshold": rng.choice([None, 48])}
+        if rng.random() < 0.5:
+            options |= {"qos_classes": {"chat": {"ttft": 1.0, "tbt": 0.1}}, "default_qos": "chat",
+                        "qos_srpf_weight": rng.choice([0.0, 2.0])}
+        if options["tbt_slo"] is not None or "qos_classes" in options:
+            options["slo_margin"] = rng.choice([None, 0.2])
     config = EngineConfig(model="tiny", **options)
     sched = config.scheduler_config(num_blocks=100, tile_size=None)
-    for name in field_names(*SECTIONS) & {f.name for f in dataclasses.fields(SchedulerConfig)} - {"tile_size"}:
+    for name in field_names(*SECTIONS) & {f.name for f in dataclasses.fields(SchedulerConfig)} - {"tile_size",
+                                                                                                    "qos_classes"}:
         assert getattr(sched, name) == getattr(config, name), name
     assert sched.num_blocks == 100 and sched.max_num_seqs <= sched.token_budget or not cls.chunked
 

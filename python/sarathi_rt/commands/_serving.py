@@ -185,7 +185,8 @@ def policy_options(args: argparse.Namespace, policy: str, workload: Sequence[Req
         options["token_budget"] = max(budget.token_budget,
                                       max(r.num_prompt_tokens + r.num_decode_tokens for r in workload))
     if not policy_cls.adaptive:
-        options.pop("long_prefill_threshold", None)
+        for name in ("long_prefill_threshold", "slo_margin", "qos_srpf_weight"):
+            options.pop(name, None)
         if args.qos_classes is not None:
             options["qos_policy"] = "fcfs"
     if args.qos_classes is not None:
@@ -330,7 +331,8 @@ def fill_defaults(args: argparse.Namespace, **by_mode: tuple[object, object]) ->
         args.budget_rule_chosen = check_budget_flags(args, args.options.get("token_budget"), args.tbt_slo)
         if args.budget_rule is not None and not any(get_policy(p).adaptive for p in policies):
             raise ValueError(f"--budget-rule {args.budget_rule} is not supported by policy {args.policy!r}")
-        for name, needs in (("chunk_size", "chunked"), ("long_prefill_threshold", "adaptive")):
+        for name, needs in (("chunk_size", "chunked"), ("long_prefill_threshold", "adaptive"),
+                            ("slo_margin", "adaptive"), ("qos_srpf_weight", "adaptive")):
             if name in args.options and not any(getattr(get_policy(p), needs) for p in policies):
                 raise ValueError(f"{flag_name(name)} is not used by policy {args.policy!r}")
     args.slo_static_budget = None

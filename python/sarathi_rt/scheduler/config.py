@@ -34,6 +34,8 @@ DEFAULT_TOKEN_BUDGET = {"cpu": 128, "gpu": 512}
 # (and the engine sizes its step buffers for the cap); a GPU's, and the simulator's,
 # which models one, reach thousands.
 ADAPTIVE_CAP = {"cpu": 512, "gpu": 4096}
+# The deadline policy's ordering knob when none is given (SchedulingOptions.qos_srpf_weight).
+DEFAULT_SRPF_WEIGHT = 1.0
 # Requests running at once when max_num_seqs is not given, at most the budget (a
 # hybrid step carries every running decode, one token each).
 DEFAULT_MAX_NUM_SEQS = 128
@@ -105,9 +107,10 @@ class SchedulingOptions:
     qos_policy: str | None = option(None, "deadline: schedule by the classes' deadlines (policy sarathi); "
                                           "fcfs: only measure them (default: deadline where the policy can, "
                                           "else fcfs)", choices=("deadline", "fcfs"))
-    qos_srpf_weight: float = option(1.0, "the deadline policy's ordering: prefills go by first-token deadline "
-                                         "plus this many times their remaining prefill seconds (0: earliest "
-                                         "deadline first; larger leans to shortest remaining first)")
+    qos_srpf_weight: float | None = option(None, "the deadline policy's ordering: prefills go by first-token "
+                                                "deadline plus this many times their remaining prefill seconds (0: "
+                                                "earliest deadline first; larger leans to shortest remaining first; "
+                                                f"default {DEFAULT_SRPF_WEIGHT})", parse=float)
 
     def _check_scheduling(self, gpu: bool) -> None:
         """Resolve the defaults that depend on other fields, then reject impossible and
@@ -132,15 +135,12 @@ class SchedulingOptions:
                 raise ValueError(f"token_budget ({budget}) is below one tile (tile_size {self.tile_size})")
         if self.long_prefill_threshold is not None:
             positive_int("long_prefill_threshold", self.long_prefill_threshold)
+            if not policy_cls.adaptive:  # a sarathi knob: the other policies never cap one prompt's chunk
+                raise ValueError(f"long_prefill_threshold is not used by policy {self.policy!r}")
         if self.tbt_slo is not None:
             positive_number("tbt_slo", self.tbt_slo, "seconds")
             if not policy_cls.adaptive:
                 raise ValueError(f"tbt_slo (the adaptive token budget) is not supported by policy {self.policy!r}")
-        if self.slo_margin is not None:
-            fraction("slo_margin", self.slo_margin)
-        w = self.qos_srpf_weight
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0 or w == float("inf"):
-            raise ValueError(f"qos_srpf_weight must be a finite number >= 0, got {w!r}")
         if self.qos_policy is None:
             object.__setattr__(self, "qos_policy", "deadline" if policy_cls.adaptive else "fcfs")
         object.__setattr__(self, "qos_classes", check_qos_settings(self.qos_classes, self.default_qos,
@@ -148,6 +148,20 @@ class SchedulingOptions:
         if self.qos_classes is not None and self.qos_policy == "deadline" and not policy_cls.adaptive:
             raise ValueError(f"qos_policy 'deadline' is not supported by policy {self.policy!r} "
                              "(use qos_policy='fcfs' or policy 'sarathi')")
+        if self.slo_margin is not None:
+            fraction("slo_margin", self.slo_margin)
+            if not self.needs_step_time_model:
+                raise ValueError("slo_margin is used only where steps are sized in seconds: give tbt_slo, or "
+                                 "qos_classes under qos_policy 'deadline'")
+        w = self.qos_srpf_weight
+        if w is None:  # resolved only where it is read, so a copy of this config checks the same
+            if self.deadline_aware:
+                object.__setattr__(self, "qos_srpf_weight", DEFAULT_SRPF_WEIGHT)
+        elif isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0 or w == float("inf"):
+            raise ValueError(f"qos_srpf_weight must be a finite number >= 0, got {w!r}")
+        elif not self.deadline_aware:
+            raise ValueError("qos_srpf_weight orders the deadline policy: give qos_classes under qos_policy "
+                             "'deadline'")
 
     @property
     def deadline_aware(self) -> bool:
