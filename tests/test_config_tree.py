@@ -228,3 +228,24 @@ def test_the_configuration_page_is_the_trees() -> None:
 
     page = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
     assert page.read_text() == render(), "run: python -m sarathi_rt.config.reference"
+
+
+def test_the_nsys_command_resolves_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/profiling.md's nsys command, `sarathi-rt bench --device cuda --policy
+    sarathi,vllm --num-requests 8`, gives every policy a config the CUDA kernels take
+    (bf16 on SM 9.0, the GPU's budget), resolved here without a GPU."""
+    import torch
+
+    from sarathi_rt.commands._serving import policy_options, workload_config
+    from sarathi_rt.workloads import make_workload
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    args = _parser().parse_args(["bench", "--device", "cuda", "--policy", "sarathi,vllm", "--num-requests", "8"])
+    fill_defaults(args, qps=(0.75, 1.5), num_requests=(12, 1000), length_scale=(1 / 8, 1.0))
+    workload = make_workload(workload_config(args, args.qps, 8192))
+    for policy in ("sarathi", "vllm"):
+        config = EngineConfig(**policy_options(args, policy, workload))
+        assert config.dtype is torch.bfloat16 and config.device.type == "cuda"
+        assert config.token_budget >= 512
