@@ -131,7 +131,7 @@ def test_capacity_command_on_the_simulator(tmp_path, capsys) -> None:
     assert (out / "capacity.png").stat().st_size > 0
     # The default rule sizes each step to the SLO; the old static rule profiles T(n) first.
     probes = json.loads((out / "capacity_probes.json").read_text())
-    assert probes["token_budget"] == 4096
+    assert probes["token_budget"]["sarathi"] == 4096
     # At the found rate: the SLO-first metrics of measure.slo, from the passing probe's run.
     for policy, qps in caps.items():
         at = probes["at_capacity"][policy]

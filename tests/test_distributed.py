@@ -161,7 +161,7 @@ def test_killed_stage_with_two_micro_batches_in_flight_frees_every_block(checkpo
 
 @pytest.mark.slow
 def test_hung_worker_times_out(checkpoint, prompts) -> None:
-    engine = LLMEngine(EngineConfig(checkpoint, pipeline_parallel_size=2, worker_timeout=3, **ENGINE))
+    engine = LLMEngine(EngineConfig(model=checkpoint, pipeline_parallel_size=2, worker_timeout=3, **ENGINE))
     pids = engine.executor.pids
     try:
         engine.add_request(0, prompts[1], PARAMS)

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sarathi_rt.scheduler import (RequestStatus, SchedulerConfig, available_policies,
-                                  create_scheduler)
+                                  create_scheduler, get_policy)
 
 pytestmark = pytest.mark.slow  # long: runs in the full suite (scripts/test.sh), not the quick lane
 
@@ -55,11 +55,14 @@ class Shadow:
 def make_config(policy, sc):
     budget = sc["token_budget"]
     return SchedulerConfig(
-        policy=policy, token_budget=budget, chunk_size=max(1, int(budget * sc["chunk_frac"])),
+        policy=policy, token_budget=budget,
+        chunk_size=max(1, int(budget * sc["chunk_frac"])) if get_policy(policy).chunked else None,
         max_num_seqs=min(sc["max_num_seqs"], budget), block_size=sc["block_size"],
-        num_blocks=sc["num_blocks"], tile_size=sc["tile_size"],
+        # A budget below one tile is a config error: such draws run untiled.
+        num_blocks=sc["num_blocks"], tile_size=sc["tile_size"] if (sc["tile_size"] or 0) <= budget else None,
         max_partial_prefills=sc["max_partial_prefills"],
-        long_prefill_threshold=sc["long_prefill_threshold"], watermark=sc["watermark"])
+        long_prefill_threshold=sc["long_prefill_threshold"] if get_policy(policy).adaptive else None,
+        watermark=sc["watermark"])
 
 
 def fits(cfg, sched, prompt, max_new):

@@ -392,7 +392,7 @@ def _serve_process(*flags: str) -> contextlib.AbstractContextManager[tuple[subpr
 
 
 def test_serve_command_drains_on_sigterm_and_exits_0() -> None:
-    with _serve_process("--shutdown-timeout", "0", "--no-prefix-caching") as (proc, base):
+    with _serve_process("--shutdown-timeout", "0", "--no-enable-prefix-caching") as (proc, base):
         with httpx.stream("POST", base + "/v1/completions", timeout=60,
                           json={"prompt": [5, 6, 7], "max_tokens": 1000, "stream": True, "ignore_eos": True}) as r:
             lines = r.iter_lines()

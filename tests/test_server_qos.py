@@ -94,7 +94,7 @@ def test_serve_command_reads_qos_classes(tmp_path, capsys) -> None:
     bad = tmp_path / "tiers.json"
     bad.write_text('{"chat": {"ttft": 0, "tbt": 0.1}}')
     assert main(["serve", "--model", "tiny", "--qos-classes", str(bad)]) == 2
-    assert "--qos-classes['chat']: ttft must be" in capsys.readouterr().err
+    assert "qos_classes['chat']: ttft must be" in capsys.readouterr().err
     bad.write_text("{chat")
     assert main(["serve", "--model", "tiny", "--qos-classes", str(bad)]) == 2
     assert "is not valid JSON" in capsys.readouterr().err
