@@ -38,9 +38,11 @@ def test_config_reads_both_transformers_spellings() -> None:
     assert default.rope_scaling is None and default.rope_theta == 10000.0
     qwen = ModelConfig.from_hf_dict({**BASE, "model_type": "qwen2", "use_sliding_window": False,
                                      "sliding_window": 32})
-    assert qwen.qkv_bias and not qwen.o_bias and qwen.max_position_embeddings == 256  # window unused
+    assert qwen.qkv_bias and not qwen.o_bias and qwen.sliding_window is None  # window unused
     mistral = ModelConfig.from_hf_dict({**BASE, "model_type": "mistral", "sliding_window": 64})
-    assert mistral.max_position_embeddings == 64  # full attention is exact within the window
+    # The attention kernels honour the window, so the context is the model's whole one.
+    assert mistral.max_position_embeddings == 256 and mistral.layer_window(0) == 64
+    assert ModelConfig.from_hf_dict(mistral.to_hf_dict()) == mistral
     assert ModelConfig.from_hf_dict(PRESETS["cpu-small"].to_hf_dict()) == PRESETS["cpu-small"]
 
 
