@@ -135,7 +135,9 @@ struct RowBlock {
 template <int W>
 SRT_SIMD_INLINE void softmax_step(float* s, int64_t first, int64_t visible, float& m, float& l, float* acc,
                                   int64_t dim_padded) {
-  if (visible <= 0 || first >= kKeyChunk) {  // a key range this row cannot see (a slice of a split item)
+  // A key range this row cannot see (a slice of a split item, or one before its window):
+  // at least one lane must be left, or the running max would stay at -inf.
+  if (visible <= 0 || first >= kKeyChunk || first >= visible) {
     std::fill(s, s + kKeyChunk, 0.0f);
     return;
   }
