@@ -192,7 +192,7 @@ def _hybrid_attention_planned_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  window: int = 0, softcap: float = 0.0) -> None:
     _C.hybrid_attention_planned(q.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                 block_tables.data_ptr(), q.shape[1], block_tables.shape[1], q.stride()[:2],
-                                out.stride()[:2], tuple(k_cache.shape), scale, window, softcap, DTYPE_CODES[q.dtype], device_code(q),
-                                stream_of(q), plan_buffer.data_ptr(), capacity, partial_out.data_ptr(),
-                                partial_lse.data_ptr())
+                                out.stride()[:2], tuple(k_cache.shape), scale, window, softcap, DTYPE_CODES[q.dtype],
+                                device_code(q), stream_of(q), plan_buffer.data_ptr(), capacity,
+                                partial_out.data_ptr(), partial_lse.data_ptr())
 
