@@ -89,7 +89,8 @@ void write_kv(uintptr_t key, uintptr_t value, uintptr_t k_cache, uintptr_t v_cac
 HybridAttentionParams attention_params(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v_cache,
                                        uintptr_t block_tables, int64_t num_q_heads, int64_t max_blocks_per_seq,
                                        std::array<int64_t, 2> q_strides, std::array<int64_t, 2> out_strides,
-                                       std::array<int64_t, 4> cache_shape, float scale, int dtype) {
+                                       std::array<int64_t, 4> cache_shape, float scale, int64_t window,
+                                       float softcap, int dtype) {
   HybridAttentionParams p;
   p.q = ptr<const void>(q);
   p.out = ptr<void>(out);
@@ -103,6 +104,8 @@ HybridAttentionParams attention_params(uintptr_t q, uintptr_t out, uintptr_t k_c
   p.out_token_stride = out_strides[0];
   p.out_head_stride = out_strides[1];
   p.scale = scale;
+  p.window = window;
+  p.softcap = softcap;
   p.layout = make_layout(cache_shape);
   p.dtype = static_cast<DType>(dtype);
   return p;
@@ -122,9 +125,10 @@ void hybrid_attention(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v
                       uintptr_t seqlens_k, uintptr_t block_tables, int64_t batch, int64_t total_q,
                       int64_t num_q_heads, int64_t max_blocks_per_seq, std::array<int64_t, 2> q_strides,
                       std::array<int64_t, 2> out_strides, std::array<int64_t, 4> cache_shape, float scale,
-                      int dtype, int device, uintptr_t stream, uintptr_t plan, CapacityTuple capacity) {
+                      int64_t window, float softcap, int dtype, int device, uintptr_t stream, uintptr_t plan,
+                      CapacityTuple capacity) {
   HybridAttentionParams p = attention_params(q, out, k_cache, v_cache, block_tables, num_q_heads, max_blocks_per_seq,
-                                             q_strides, out_strides, cache_shape, scale, dtype);
+                                             q_strides, out_strides, cache_shape, scale, window, softcap, dtype);
   p.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
   p.seqlens_k = ptr<const int32_t>(seqlens_k);
   p.batch = batch;
@@ -248,7 +252,7 @@ int64_t partial_bytes(int64_t kernel, int64_t head_dim, int64_t partial_rows) {
 // Returns the plan's partial rows: what the CUDA kernel's pool must hold for it.
 int64_t build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k, uintptr_t block_tables,
                 int64_t batch, int64_t total_q, int64_t num_q_heads, int64_t max_blocks_per_seq,
-                std::array<int64_t, 4> cache_shape, CapacityTuple capacity) {
+                std::array<int64_t, 4> cache_shape, CapacityTuple capacity, int64_t window) {
   AttentionPlanInputs in;
   in.cu_seqlens_q = ptr<const int32_t>(cu_seqlens_q);
   in.seqlens_k = ptr<const int32_t>(seqlens_k);
@@ -258,6 +262,7 @@ int64_t build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k
   in.num_q_heads = num_q_heads;
   in.max_blocks_per_seq = max_blocks_per_seq;
   in.layout = make_layout(cache_shape);
+  in.window = window;
   Status st;
   {
     py::gil_scoped_release release;
@@ -271,13 +276,13 @@ int64_t build_plan(uintptr_t buffer, uintptr_t cu_seqlens_q, uintptr_t seqlens_k
 void hybrid_attention_planned(uintptr_t q, uintptr_t out, uintptr_t k_cache, uintptr_t v_cache,
                               uintptr_t block_tables, int64_t num_q_heads, int64_t max_blocks_per_seq,
                               std::array<int64_t, 2> q_strides, std::array<int64_t, 2> out_strides,
-                              std::array<int64_t, 4> cache_shape, float scale, int dtype, int device,
-                              uintptr_t stream, uintptr_t plan, CapacityTuple capacity, uintptr_t partial_out,
-                              uintptr_t partial_lse) {
+                              std::array<int64_t, 4> cache_shape, float scale, int64_t window, float softcap,
+                              int dtype, int device, uintptr_t stream, uintptr_t plan, CapacityTuple capacity,
+                              uintptr_t partial_out, uintptr_t partial_lse) {
 #if defined(SARATHI_RT_WITH_CUDA)
   const HybridAttentionParams p = attention_params(q, out, k_cache, v_cache, block_tables, num_q_heads,
                                                    max_blocks_per_seq, q_strides, out_strides, cache_shape, scale,
-                                                   dtype);
+                                                   window, softcap, dtype);
   PlannedAttentionArgs args;
   args.plan = ptr<const int32_t>(plan);
   args.capacity = make_capacity(capacity);
@@ -416,8 +421,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("hybrid_attention", &hybrid_attention, py::arg("q"), py::arg("out"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("cu_seqlens_q"), py::arg("seqlens_k"), py::arg("block_tables"),
         py::arg("batch"), py::arg("total_q"), py::arg("num_q_heads"), py::arg("max_blocks_per_seq"),
-        py::arg("q_strides"), py::arg("out_strides"), py::arg("cache_shape"), py::arg("scale"), py::arg("dtype"),
-        py::arg("device"), py::arg("stream"), py::arg("plan"), py::arg("capacity"),
+        py::arg("q_strides"), py::arg("out_strides"), py::arg("cache_shape"), py::arg("scale"), py::arg("window"),
+        py::arg("softcap"), py::arg("dtype"), py::arg("device"), py::arg("stream"), py::arg("plan"),
+        py::arg("capacity"),
         "CPU hybrid attention: runs the plan at `plan` (host buffer, AttentionKernel::kCpu) or, when it is 0, "
         "plans internally.");
 
@@ -441,12 +447,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("cpu_attention_workers", &cpu_attention_workers, "Default worker bins of a CPU attention plan.");
   m.def("build_attention_plan", &build_plan, py::arg("buffer"), py::arg("cu_seqlens_q"),
         py::arg("seqlens_k"), py::arg("block_tables"), py::arg("batch"), py::arg("total_q"), py::arg("num_q_heads"),
-        py::arg("max_blocks_per_seq"), py::arg("cache_shape"), py::arg("capacity"));
+        py::arg("max_blocks_per_seq"), py::arg("cache_shape"), py::arg("capacity"),
+        py::arg("window") = 0);
   m.def("hybrid_attention_planned", &hybrid_attention_planned, py::arg("q"), py::arg("out"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("block_tables"), py::arg("num_q_heads"), py::arg("max_blocks_per_seq"),
-        py::arg("q_strides"), py::arg("out_strides"), py::arg("cache_shape"), py::arg("scale"), py::arg("dtype"),
-        py::arg("device"), py::arg("stream"), py::arg("plan"), py::arg("capacity"), py::arg("partial_out"),
-        py::arg("partial_lse"));
+        py::arg("q_strides"), py::arg("out_strides"), py::arg("cache_shape"), py::arg("scale"), py::arg("window"),
+        py::arg("softcap"), py::arg("dtype"), py::arg("device"), py::arg("stream"), py::arg("plan"),
+        py::arg("capacity"), py::arg("partial_out"), py::arg("partial_lse"));
   m.def("attention_ctas_per_sm", &attention_ctas_per_sm, py::arg("head_dim"), py::arg("dtype"), py::arg("device"));
   m.attr("ATTENTION_PLAN_LAYOUT") = py::dict(
       py::arg("header_words") = static_cast<int>(kPlanHeaderWords),

@@ -1,6 +1,7 @@
 """Ragged paged batches shared by the CPU and CUDA attention tests and the planner tests."""
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -73,12 +74,14 @@ _ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 _F32_EPS = 2.0 ** -24
 
 
-def reference_and_tolerance(batch: PagedBatch, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_and_tolerance(batch: PagedBatch, scale: float | None = None, window: int | None = None,
+                            softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 attention o = P V and a per-element tolerance that one key too many or too
     few in a row exceeds: rounding the output (u |o|) plus rounding each probability
     before P V (random, so about u sqrt(sum_j p_j^2 v_j^2), with a 4x margin). float32
     kernels: float32 rounding of scores as large as the batch's largest, which moves each
-    probability by eps |s| (large with a large scale)."""
+    probability by eps |s| (large with a large scale). window and softcap as in
+    reference.hybrid_attention (a soft cap bounds the scores, and so that error)."""
     q, k_cache, v_cache = (t.double() for t in (batch.q, batch.k_cache, batch.v_cache))
     group = q.shape[1] // k_cache.shape[2]
     scale = q.shape[2] ** -0.5 if scale is None else scale
@@ -92,8 +95,14 @@ def reference_and_tolerance(batch: PagedBatch, scale: float | None = None) -> tu
         k = reference.gather_kv(k_cache, batch.block_tables[b], kv_len).repeat_interleave(group, dim=1)
         v = reference.gather_kv(v_cache, batch.block_tables[b], kv_len).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[cu[b]:cu[b + 1]], k) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         limit = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)
-        scores = scores.masked_fill(torch.arange(kv_len, device=q.device)[None, :] > limit, float("-inf"))
+        key_pos = torch.arange(kv_len, device=q.device)[None, :]
+        hidden = key_pos > limit
+        if window:
+            hidden |= key_pos <= limit - window
+        scores = scores.masked_fill(hidden, float("-inf"))
         max_score = max(max_score, scores.nan_to_num(neginf=0.0).abs().max().item())
         p = scores.softmax(dim=-1)
         out[cu[b]:cu[b + 1]] = torch.einsum("hqk,khd->qhd", p, v)
@@ -104,8 +113,9 @@ def reference_and_tolerance(batch: PagedBatch, scale: float | None = None) -> tu
     return out, u * out.abs() + 4 * u * spread + 1e-5
 
 
-def assert_strictly_close(got: torch.Tensor, batch: PagedBatch, scale: float | None = None) -> None:
-    want, tol = reference_and_tolerance(batch, scale)
+def assert_strictly_close(got: torch.Tensor, batch: PagedBatch, scale: float | None = None,
+                          window: int | None = None, softcap: float | None = None) -> None:
+    want, tol = reference_and_tolerance(batch, scale, window, softcap)
     err = (got.double() - want).abs()
     worst = int((err / tol).flatten().argmax())
     assert torch.isfinite(got).all()
@@ -129,3 +139,53 @@ def move_last_split(plan: ops.AttentionPlan, request: int, key: int) -> None:
         group.sort(key=lambda i: int(items[i, begin]))
         items[group[-2], end] = key
         items[group[-1], begin] = key
+
+
+def poison_keys_before_windows(batch: PagedBatch, window: int | None) -> PagedBatch:
+    """Sets the values of every key before the window of a request's first query to
+    POISON: no row of that request sees them (later rows' windows start later), so a kernel
+    that lets one through fails loudly, while one that loads them (tiles start on whole
+    key chunks) and masks them passes."""
+    if not window:
+        return batch
+    block_size = batch.k_cache.shape[1]
+    cu = batch.cu_seqlens_q.tolist()
+    for b, kv_len in enumerate(batch.seqlens_k.tolist()):
+        first = kv_len - (cu[b + 1] - cu[b]) + 1 - window  # the first query's first key
+        positions = torch.arange(0, max(first, 0), device=batch.v_cache.device)
+        batch.v_cache[batch.block_tables[b, positions // block_size].long(), positions % block_size] = POISON
+    return batch
+
+
+@dataclass
+class WindowCase:
+    """A random hybrid batch with a sliding window, a soft cap and a scale (each may be off)."""
+
+    lengths: list[tuple[int, int]]
+    num_kv_heads: int
+    group: int
+    head_dim: int
+    block_size: int
+    window: int | None
+    softcap: float | None
+    scale: float | None
+
+
+def random_window_case(seed: int, head_dims: tuple[int, ...] = (16, 32, 64, 80)) -> WindowCase:
+    """Decodes and prefill chunks over prefixes up to 1500 keys; windows from 1 key to
+    longer than any context, around the 64-key chunk size, and often shorter than a chunk
+    of queries, so a tile's rows start their windows at different keys."""
+    rng = random.Random(seed)
+    lengths = []
+    for _ in range(rng.randint(2, 7)):
+        kv = rng.randint(1, 1500)
+        lengths.append((1 if rng.random() < 0.5 else rng.randint(1, min(kv, 150)), kv))
+    if rng.random() < 0.2:  # full attention, in each of its spellings
+        window = rng.choice([None, 0, 10 ** 6])
+    else:
+        window = rng.choice([rng.randint(1, 16), rng.randint(17, 200), rng.choice([63, 64, 65, 127, 128, 129]),
+                             rng.randint(200, 2000)])
+    return WindowCase(lengths, num_kv_heads=rng.choice([1, 2, 3]), group=rng.choice([1, 2, 4, 8]),
+                      head_dim=rng.choice(head_dims), block_size=rng.choice([1, 16, 32]), window=window,
+                      softcap=rng.choice([None, rng.uniform(1.0, 50.0)]),
+                      scale=rng.choice([None, rng.uniform(0.02, 0.5)]))

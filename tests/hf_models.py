@@ -28,6 +28,14 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "mistral_headdim": ("MistralConfig", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                               num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                               vocab_size=256, sliding_window=None)),
+    # A window shorter than most prompts: chunks and decodes see only their last 8 keys.
+    "mistral_window": ("MistralConfig", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                             sliding_window=8)),
+    # Layer 0 attends fully, layer 1 through a window (Qwen2's max_window_layers): two plans a step.
+    "qwen2_mixed_window": ("Qwen2Config", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                               use_sliding_window=True, sliding_window=6, max_window_layers=1)),
 }
 # The CUDA attention kernel takes head_dim 64 or 128 in float16/bfloat16.
 CUDA_CONFIGS: dict[str, tuple[str, dict]] = {

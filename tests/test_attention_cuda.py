@@ -11,7 +11,7 @@ from sarathi_rt import ops
 from sarathi_rt.ops import reference
 
 from attention_batches import (GRIDS, assert_strictly_close, make_batch, poison_chunk_keys,
-                               poison_unowned_slots)
+                               poison_keys_before_windows, poison_unowned_slots, random_window_case)
 from conftest import ATOL, requires_cuda
 
 pytestmark = [requires_cuda, pytest.mark.cuda]
@@ -56,6 +56,37 @@ def test_poisoned_slots_block_sizes_gqa_and_scale(dtype: torch.dtype, block_size
                        device="cuda")
     batch = poison_chunk_keys(poison_unowned_slots(batch))
     assert_strictly_close(ops.hybrid_attention(*batch.args(), scale=scale), batch, scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(8))
+def test_random_windows_softcaps_and_scales(dtype: torch.dtype, seed: int) -> None:
+    """The CPU tests' random batches (test_attention_window.py): mixed decodes and chunks,
+    GQA, windows that split chunks and splits inside windows, keys outside every window
+    poisoned; the grid's own size and a few CTAs (long tiles cut into pieces)."""
+    case = random_window_case(seed, head_dims=(64, 128))
+    batch = make_batch(case.lengths, num_kv_heads=case.num_kv_heads, group=case.group, head_dim=case.head_dim,
+                       block_size=case.block_size, dtype=dtype, device="cuda", seed=seed)
+    batch = poison_keys_before_windows(poison_unowned_slots(batch), case.window)
+    kwargs = dict(scale=case.scale, window=case.window, softcap=case.softcap)
+    for num_ctas in (None, 8):
+        plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache,
+                                  batch.q.shape[1], num_ctas=num_ctas, window=case.window)
+        assert_strictly_close(ops.hybrid_attention(*batch.args(), plan=plan, **kwargs), batch, **kwargs)
+
+
+@pytest.mark.parametrize("window", [1, 20, 64, 65, 300])
+@pytest.mark.parametrize("group", [1, 8])
+def test_windows_that_split_a_chunk(window: int, group: int) -> None:
+    batch = make_batch([(37, 614), (150, 150), (1, 1200), (1, 3000), (2, 70)], group=group, head_dim=128,
+                       dtype=torch.bfloat16, device="cuda")
+    batch = poison_keys_before_windows(poison_unowned_slots(batch), window)
+    got = ops.hybrid_attention(*batch.args(), window=window, softcap=30.0, scale=0.2)
+    assert_strictly_close(got, batch, 0.2, window, 30.0)
+    with pytest.raises(ValueError, match="softcap must be"):
+        ops.hybrid_attention(*batch.args(), window=window, softcap=-1.0)
+    with pytest.raises(ValueError, match="window must be"):
+        ops.hybrid_attention(*batch.args(), window=-window)
 
 
 @pytest.mark.parametrize("num_ctas", [None, 64])

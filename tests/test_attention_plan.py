@@ -146,17 +146,22 @@ def test_many_tiles_are_balanced_and_split_only_where_that_lowers_the_max_load()
         assert costs == sorted(costs, reverse=True)
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
+            softcap: float | None = None) -> tuple[torch.Tensor, float]:
     """Softmax attention of one query row over `keys`, and its log2-domain log-sum-exp."""
     if keys.shape[0] == 0:  # a row that sees none of this piece's keys
         return torch.zeros(q.shape[0], dtype=torch.float64), -math.inf
-    s = keys @ q * scale * math.log2(math.e)
+    s = keys @ q * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s * math.log2(math.e)
     p = torch.exp2(s - s.max())
     return p @ values / p.sum(), float(s.max() + torch.log2(p.sum()))
 
 
-def _run_plan_float64(plan: ops.AttentionPlan, batch, scale: float) -> torch.Tensor:
-    """What the kernels compute, item by item, in float64 (log2-domain lse, as they do)."""
+def _run_plan_float64(plan: ops.AttentionPlan, batch, scale: float, softcap: float | None = None) -> torch.Tensor:
+    """What the kernels compute, item by item, in float64 (log2-domain lse, as they do),
+    each row masked to its window (the plan's) inside the item's keys."""
     q, k_cache, v_cache = (t.double() for t in (batch.q, batch.k_cache, batch.v_cache))
     group = q.shape[1] // k_cache.shape[2]
     out = torch.full_like(q, float("nan"))
@@ -168,8 +173,10 @@ def _run_plan_float64(plan: ops.AttentionPlan, batch, scale: float) -> torch.Ten
             for r in range(it["num_rows"]):
                 flat = it["row_begin"] + r
                 token, head = it["q_token0"] + flat // group, h * group + flat % group
-                limit = min(it["kv_end"], it["causal_offset"] + flat // group + 1)
-                o, lse = _attend(q[token, head], keys[it["kv_begin"]:limit, h], values[it["kv_begin"]:limit, h], scale)
+                visible = it["causal_offset"] + flat // group + 1
+                limit = min(it["kv_end"], visible)
+                start = max(it["kv_begin"], visible - plan.window if plan.window else 0)
+                o, lse = _attend(q[token, head], keys[start:limit, h], values[start:limit, h], scale, softcap)
                 if it["partial"] < 0:
                     out[token, head] = o
                 else:
@@ -230,6 +237,23 @@ def test_float64_model_covers_rows_fully_masked_in_a_split_piece(kernel: str, le
     assert any(it["partial"] >= 0 and it["causal_offset"] + 1 <= it["kv_begin"] for it in _items(plan))
     got = _run_plan_float64(plan, batch, scale=0.3)
     torch.testing.assert_close(got, reference.hybrid_attention(*batch.args(), scale=0.3), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("window", [40, 1000, 2500])
+def test_float64_model_covers_windowed_splits(kernel: str, window: int) -> None:
+    """Windowed tiles cut into pieces inside the window (pieces that start mid-context),
+    rows whose window ends before a piece does or starts after it, and a soft cap."""
+    lengths = [(1, 3000), (12, 4000), (70, 2600), (1, 30), (3, 3)]
+    batch = make_batch(lengths, group=4, block_size=16, head_dim=8, num_kv_heads=2)
+    plan = _plan(batch, num_ctas=64, kernel=kernel, window=window)
+    items = _items(plan)
+    assert min(it["kv_begin"] for it in items if it["request"] == 1) >= 4000 - 12 - window - CHUNK
+    min_piece = LAYOUT["min_split_chunks" if kernel == "cuda" else "cpu_min_split_chunks"] * CHUNK
+    assert plan.num_merges > 0 or window < 2 * min_piece  # windows with room for two pieces are split
+    got = _run_plan_float64(plan, batch, scale=0.3, softcap=2.0)
+    want = reference.hybrid_attention(*batch.args(), scale=0.3, window=window, softcap=2.0)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_plan_keeps_its_buffers_across_steps() -> None:

@@ -229,10 +229,11 @@ def test_attention_plan_grows_with_the_step(llm: LLM, monkeypatch: pytest.Monkey
     params = SamplingParams(temperature=0.0, max_tokens=6)
     want = [o.token_ids for o in llm.generate(PROMPTS, params)]
     runner = llm.engine.executor.worker.runner
-    monkeypatch.setattr(runner, "_plan", None)
+    monkeypatch.setattr(runner, "_plans", {})  # one per window; "tiny" has full attention only
     monkeypatch.setattr(runner, "_plan_size", (1, 1))
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == want
-    assert runner._plan is not None and runner._plan.max_tokens > 1 and runner._plan.max_batch > 1
+    plan = runner._plans[0]
+    assert list(runner._plans) == [0] and plan.max_tokens > 1 and plan.max_batch > 1
 
 
 def test_kv_cache_sized_from_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ from hf_models import HFModel, build, last_logits
 from sarathi_rt import LLM, SamplingParams, ops
 from sarathi_rt.ops.kv_cache import KVCache, KVCacheShape
 from sarathi_rt.models import ModelConfig, ParallelLayout, PRESETS, hf_tensor_shapes, load_model
+from sarathi_rt.models.llama import LlamaForCausalLM
 from sarathi_rt.models.context import StepContext
 
 LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -38,9 +39,11 @@ def test_config_reads_both_transformers_spellings() -> None:
     assert default.rope_scaling is None and default.rope_theta == 10000.0
     qwen = ModelConfig.from_hf_dict({**BASE, "model_type": "qwen2", "use_sliding_window": False,
                                      "sliding_window": 32})
-    assert qwen.qkv_bias and not qwen.o_bias and qwen.max_position_embeddings == 256  # window unused
+    assert qwen.qkv_bias and not qwen.o_bias and qwen.sliding_window is None  # window unused
     mistral = ModelConfig.from_hf_dict({**BASE, "model_type": "mistral", "sliding_window": 64})
-    assert mistral.max_position_embeddings == 64  # full attention is exact within the window
+    # The attention kernels honour the window, so the context is the model's whole one.
+    assert mistral.max_position_embeddings == 256 and mistral.layer_window(0) == 64
+    assert ModelConfig.from_hf_dict(mistral.to_hf_dict()) == mistral
     assert ModelConfig.from_hf_dict(PRESETS["cpu-small"].to_hf_dict()) == PRESETS["cpu-small"]
 
 
@@ -49,10 +52,30 @@ def test_config_reads_both_transformers_spellings() -> None:
     ({"num_key_value_heads": 3}, "num_key_value_heads"), ({"hidden_size": 66}, "head_dim|hidden_size"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope_scaling"),
     ({"eos_token_id": 100}, "eos_token_ids"), ({"vocab_size": 0}, "vocab_size"),
+    ({"sliding_window": 2.5, "use_sliding_window": True}, "sliding_window"),
+    ({"sliding_window": 8, "use_sliding_window": True, "layer_types": ["full_attention"]}, "layer_types"),
+    ({"sliding_window": 8, "use_sliding_window": True, "layer_types": ["local"] * 2}, "layer_types"),
+    ({"attn_logit_softcapping": 0.0}, "attn_logit_softcapping"),
+    ({"query_pre_attn_scalar": float("nan")}, "query_pre_attn_scalar"),
 ])
 def test_unsupported_configs_are_rejected(change: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ModelConfig.from_hf_dict({**BASE, "model_type": "llama", **change})
+
+
+def test_attention_options_reach_every_layer() -> None:
+    """Gemma-style alternating local and global layers, a soft cap and a scale of its own."""
+    config = ModelConfig.from_hf_dict({**BASE, "model_type": "llama", "use_sliding_window": True, "sliding_window": 5,
+                                       "layer_types": ["sliding_attention", "full_attention"],
+                                       "attn_logit_softcapping": 50.0, "query_pre_attn_scalar": 64})
+    assert [config.layer_window(i) for i in range(2)] == [5, 0] and config.attention_scale == 64 ** -0.5
+    assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+    model = LlamaForCausalLM(config)
+    attention = [layer.self_attn for layer in model.layers.values()]
+    assert [(a.window, a.softcap, a.scale) for a in attention] == [(5, 50.0, 0.125), (0, 50.0, 0.125)]
+    plain = LlamaForCausalLM(ModelConfig.from_hf_dict({**BASE, "model_type": "llama"}))
+    assert {(a.self_attn.window, a.self_attn.softcap, a.self_attn.scale) for a in plain.layers.values()} == {
+        (0, 0.0, plain.config.head_dim ** -0.5)}
 
 
 def test_presets() -> None:

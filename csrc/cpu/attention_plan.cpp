@@ -42,6 +42,11 @@ int64_t item_cost(const AttentionTarget& t, const AttentionWorkItem& w) {
   return ceil_div(w.kv_end - w.kv_begin, t.key_chunk) * chunk_cost(t, w) + t.item_cost;
 }
 
+// Key chunks of a tile's range (kv_begin sits on a chunk boundary).
+int64_t tile_chunks(const AttentionTarget& t, const AttentionWorkItem& w) {
+  return ceil_div(w.kv_end - w.kv_begin, t.key_chunk);
+}
+
 // Narrow tiles carry `heads` KV heads each (heads divides num_kv_heads); wide tiles one.
 std::vector<AttentionWorkItem> make_tiles(const AttentionPlanInputs& in, const AttentionTarget& t, int64_t heads) {
   const int64_t num_kv_heads = in.layout.num_kv_heads;
@@ -60,9 +65,13 @@ std::vector<AttentionWorkItem> make_tiles(const AttentionPlanInputs& in, const A
       for (int64_t r = 0; r < rows; r += step) {
         const int64_t n = std::min(step, rows - r);
         const int64_t last_query = (r + n - 1) / group;
+        // A window starts the tile at the chunk of its first query's first key (later
+        // queries' windows start later): the keys before it are never read.
+        const int64_t first_key =
+            first_visible_key(num_visible_keys(in.seqlens_k[b], q_len, r / group), in.window);
         tiles.push_back({static_cast<int32_t>(b), static_cast<int32_t>(h), static_cast<int32_t>(item_heads),
                          static_cast<int32_t>(q0), static_cast<int32_t>(causal_offset), static_cast<int32_t>(r),
-                         static_cast<int32_t>(n), 0,
+                         static_cast<int32_t>(n), static_cast<int32_t>(first_key / t.key_chunk * t.key_chunk),
                          static_cast<int32_t>(num_visible_keys(in.seqlens_k[b], q_len, last_query)),
                          static_cast<int32_t>(kind), -1});
       }
@@ -106,7 +115,7 @@ SplitCounts count_splits(const std::vector<AttentionWorkItem>& tiles, const Atte
   n.pieces.resize(tiles.size());
   for (size_t i = 0; i < tiles.size(); ++i) {
     const AttentionWorkItem& tile = tiles[i];
-    const int64_t chunks = ceil_div(tile.kv_end, t.key_chunk);
+    const int64_t chunks = tile_chunks(t, tile);
     const int64_t cost = item_cost(t, tile);
     const int64_t pieces = std::max<int64_t>(1, std::min(ceil_div(cost, piece_cost), chunks / t.min_split_chunks));
     n.pieces[i] = static_cast<int32_t>(pieces);
@@ -142,14 +151,15 @@ void split_tiles(const std::vector<AttentionWorkItem>& tiles, const AttentionTar
       c.items.push_back(tile);
       continue;
     }
-    const int64_t chunks = ceil_div(tile.kv_end, t.key_chunk);
+    const int64_t chunks = tile_chunks(t, tile);
     const int64_t rows = static_cast<int64_t>(tile.num_heads) * tile.num_rows;
     c.merges.push_back({tile.q_token0, tile.kv_head, tile.num_heads, tile.row_begin, tile.num_rows,
                         static_cast<int32_t>(c.partial_rows), static_cast<int32_t>(pieces)});
     for (int64_t p = 0; p < pieces; ++p) {
       AttentionWorkItem piece = tile;
-      piece.kv_begin = static_cast<int32_t>(p * chunks / pieces * t.key_chunk);
-      piece.kv_end = p + 1 == pieces ? tile.kv_end : static_cast<int32_t>((p + 1) * chunks / pieces * t.key_chunk);
+      piece.kv_begin = static_cast<int32_t>(tile.kv_begin + p * chunks / pieces * t.key_chunk);
+      piece.kv_end = p + 1 == pieces ? tile.kv_end
+                                     : static_cast<int32_t>(tile.kv_begin + (p + 1) * chunks / pieces * t.key_chunk);
       piece.partial = static_cast<int32_t>(c.partial_rows);
       c.partial_rows += rows;
       c.items.push_back(piece);
@@ -184,7 +194,8 @@ bool assign_to_workers(const AttentionTarget& t, Candidate& c, int64_t bound) {
 }
 
 // Writes the winner: items grouped by worker, each worker's longest first.
-void write_plan(const AttentionTarget& t, const Candidate& c, const AttentionPlanCapacity& cap, int32_t* buffer) {
+void write_plan(const AttentionTarget& t, const Candidate& c, const AttentionPlanCapacity& cap, int64_t window,
+                int32_t* buffer) {
   std::vector<std::pair<int64_t, int32_t>> order(c.items.size());
   for (size_t i = 0; i < c.items.size(); ++i) order[i] = {item_cost(t, c.items[i]), static_cast<int32_t>(i)};
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -202,6 +213,7 @@ void write_plan(const AttentionTarget& t, const Candidate& c, const AttentionPla
   buffer[kPlanNumPartialRows] = static_cast<int32_t>(c.partial_rows);
   buffer[kPlanNumCtas] = static_cast<int32_t>(cap.num_ctas);
   buffer[kPlanKernel] = static_cast<int32_t>(cap.kernel);
+  buffer[kPlanWindow] = static_cast<int32_t>(window);
 }
 
 }  // namespace
@@ -264,7 +276,9 @@ Status build_attention_plan(const AttentionPlanInputs& in, const AttentionPlanCa
   p.num_q_heads = in.num_q_heads;
   p.max_blocks_per_seq = in.max_blocks_per_seq;
   p.layout = in.layout;
-  Status st = validate_attention_indices(p);
+  p.window = in.window;
+  Status st = validate_attention_options(p);
+  if (st.ok()) st = validate_attention_indices(p);
   if (!st.ok()) return st;
 
   const AttentionTarget t = attention_target(cap.kernel, cap.num_ctas);
@@ -304,7 +318,7 @@ Status build_attention_plan(const AttentionPlanInputs& in, const AttentionPlanCa
       if (assign_to_workers(t, c, best.max_load + 1) && c.better_than(best)) best = std::move(c);
     }
   }
-  write_plan(t, best, cap, buffer);
+  write_plan(t, best, cap, in.window, buffer);
   return Status::Ok();
 }
 

@@ -5,7 +5,8 @@
 // group) share every key/value vector loaded. Per chunk of 32 keys and block of up to 4
 // rows:
 //   S = Q K^T   one dot product per (row, key), head_dim in vector lanes,
-//   online softmax once per chunk and row (base 2: Q is pre-scaled by log2(e)),
+//   online softmax once per chunk and row (base 2: Q is pre-scaled by log2(e); with a
+//   soft cap, Q is pre-scaled by 1 / cap and each score becomes cap log2(e) tanh(s)),
 //   O += P V    one axpy per (row, key) over head_dim.
 // Decodes are memory-bound: their items span all KV heads and read keys and values
 // straight from the pages (half precision converted in registers). Prefill tiles have
@@ -68,6 +69,7 @@ struct Shape {
 struct Scratch {
   std::vector<float, cpu::LineAllocator<float>> q, k, v, s, acc, m, l;
   std::vector<int64_t> visible;  // per row: keys it sees, capped at the item's k_end
+  std::vector<int64_t> first;    // per row: the first key its sliding window holds (0 without one)
   int64_t dim = -1, dim_padded = -1, max_rows = -1;
 
   void fit(const Shape& sh) {
@@ -81,6 +83,7 @@ struct Scratch {
     m.assign(sh.max_rows, 0.0f);
     l.assign(sh.max_rows, 0.0f);
     visible.assign(sh.max_rows, 0);
+    first.assign(sh.max_rows, 0);
   }
 };
 
@@ -125,22 +128,27 @@ struct RowBlock {
       : q(t.q.data() + r * Dp), s(t.s.data() + r * kKeyChunk), acc(t.acc.data() + r * Dp), dim_padded(Dp) {}
 };
 
-// Online softmax for one row: keys at or past `visible` are masked. Turns the row's
-// scores into probabilities relative to the new running max, rescaling the row's
-// accumulator only when that max grew.
+// Online softmax for one row: keys before `first` (its sliding window's start) or at or
+// past `visible` (relative to the chunk) are masked. Turns the row's scores into
+// probabilities relative to the new running max, rescaling the row's accumulator only
+// when that max grew.
 template <int W>
-SRT_SIMD_INLINE void softmax_step(float* s, int64_t visible, float& m, float& l, float* acc, int64_t dim_padded) {
-  if (visible <= 0) {  // a key range this row cannot see (a slice of a split item)
+SRT_SIMD_INLINE void softmax_step(float* s, int64_t first, int64_t visible, float& m, float& l, float* acc,
+                                  int64_t dim_padded) {
+  // A key range this row cannot see (a slice of a split item, or one before its window):
+  // at least one lane must be left, or the running max would stay at -inf.
+  if (visible <= 0 || first >= kKeyChunk || first >= visible) {
     std::fill(s, s + kKeyChunk, 0.0f);
     return;
   }
+  const int32_t lo = static_cast<int32_t>(std::max<int64_t>(first, 0));
   constexpr int kVecs = kKeyChunk / W;
   const vec<W> neg_inf = cpu::splat<W>(-std::numeric_limits<float>::infinity());
   vec<W> x[kVecs];
   vec<W> top = neg_inf;
   for (int h = 0; h < kVecs; ++h) {
     const cpu::ivec<W> lane = cpu::iota<W>() + static_cast<int32_t>(h * W);
-    x[h] = lane < static_cast<int32_t>(visible) ? cpu::load<W>(s + h * W) : neg_inf;
+    x[h] = (lane < static_cast<int32_t>(visible)) & (lane >= lo) ? cpu::load<W>(s + h * W) : neg_inf;
     top = x[h] > top ? x[h] : top;
   }
   const float chunk_max = cpu::reduce_max<W>(top);
@@ -205,9 +213,10 @@ SRT_SIMD_INLINE void accumulate_pv(const Chunk<KT>& c, int64_t head, const RowBl
 }
 
 // One chunk for all rows of the item (per_head rows for each of its heads), in blocks of
-// up to kRowBlock rows that share each loaded key/value vector.
+// up to kRowBlock rows that share each loaded key/value vector. softcap_log2: cap log2(e)
+// when scores are soft-capped (Q then carries scale / cap), 0 when they are not.
 template <int W, typename KT>
-SRT_SIMD_INLINE void attend_chunk(const Chunk<KT>& c, int64_t per_head, int64_t Dp, Scratch& t) {
+SRT_SIMD_INLINE void attend_chunk(const Chunk<KT>& c, int64_t per_head, int64_t Dp, float softcap_log2, Scratch& t) {
   for (int64_t h = 0; h < c.heads; ++h) {
     for (int64_t r = h * per_head, end = r + per_head; r < end; r += kRowBlock) {
       const RowBlock b(t, r, Dp);
@@ -219,8 +228,15 @@ SRT_SIMD_INLINE void attend_chunk(const Chunk<KT>& c, int64_t per_head, int64_t 
       }
     }
   }
+  if (softcap_log2 > 0.0f) {
+    for (int64_t r = 0; r < c.heads * per_head; ++r) {
+      float* s = t.s.data() + r * kKeyChunk;
+      for (int64_t j = 0; j < c.n; ++j) s[j] = softcap_log2 * std::tanh(s[j]);
+    }
+  }
   for (int64_t r = 0; r < c.heads * per_head; ++r) {
-    softmax_step<W>(t.s.data() + r * kKeyChunk, t.visible[r] - c.j0, t.m[r], t.l[r], t.acc.data() + r * Dp, Dp);
+    softmax_step<W>(t.s.data() + r * kKeyChunk, t.first[r] - c.j0, t.visible[r] - c.j0, t.m[r], t.l[r],
+                    t.acc.data() + r * Dp, Dp);
   }
   for (int64_t h = 0; h < c.heads; ++h) {
     for (int64_t r = h * per_head, end = r + per_head; r < end; r += kRowBlock) {
@@ -244,11 +260,15 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.request) * p.max_blocks_per_seq;
 
   const auto* q = static_cast<const T*>(p.q);
-  const float q_scale = p.scale * kLog2e;
+  const bool capped = p.softcap > 0.0f;
+  const float q_scale = capped ? p.scale / p.softcap : p.scale * kLog2e;
+  const float softcap_log2 = capped ? p.softcap * kLog2e : 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = q + (w.q_token0 + ir.query(r)) * p.q_token_stride + ir.q_head(r) * p.q_head_stride;
     for (int64_t d = 0; d < sh.dim; ++d) t.q[r * Dp + d] = cpu::to_float(src[d]) * q_scale;
-    t.visible[r] = std::min<int64_t>(w.causal_offset + ir.query(r) + 1, w.kv_end);
+    const int64_t visible = w.causal_offset + ir.query(r) + 1;
+    t.visible[r] = std::min<int64_t>(visible, w.kv_end);
+    t.first[r] = first_visible_key(visible, p.window);
   }
   std::fill(t.acc.begin(), t.acc.begin() + rows * Dp, 0.0f);
   std::fill(t.m.begin(), t.m.begin() + rows, -std::numeric_limits<float>::infinity());
@@ -282,7 +302,7 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
         c.k[j] = k_cache + off[j];
         c.v[j] = v_cache + off[j];
       }
-      attend_chunk<W>(c, per_head, Dp, t);
+      attend_chunk<W>(c, per_head, Dp, softcap_log2, t);
     } else {  // many rows share each key: convert the chunk to float32 once (one head)
       Chunk<float> c{{}, {}, j0, n, Dp, 1, Dp};
       for (int64_t j = 0; j < n; ++j) {
@@ -295,7 +315,7 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
         c.k[j] = k;
         c.v[j] = v;
       }
-      attend_chunk<W>(c, per_head, Dp, t);
+      attend_chunk<W>(c, per_head, Dp, softcap_log2, t);
     }
   }
 
@@ -445,11 +465,13 @@ Status hybrid_attention_cpu(const HybridAttentionParams& p) {
   in.num_q_heads = p.num_q_heads;
   in.max_blocks_per_seq = p.max_blocks_per_seq;
   in.layout = p.layout;
+  in.window = p.window;
   const AttentionPlanCapacity cap =
       attention_plan_capacity(p.batch, p.total_q, p.num_q_heads, p.layout.num_kv_heads,
                               attention_target(AttentionKernel::kCpu, cpu_attention_workers()));
   std::vector<int32_t> plan(static_cast<size_t>(cap.total_words()));
-  Status st = build_attention_plan(in, cap, plan.data());  // validates the indices
+  Status st = validate_attention_options(p);
+  if (st.ok()) st = build_attention_plan(in, cap, plan.data());  // validates the indices
   if (!st.ok()) return st;
   run_plan(p, plan.data(), cap);
   return Status::Ok();
@@ -457,7 +479,8 @@ Status hybrid_attention_cpu(const HybridAttentionParams& p) {
 
 Status hybrid_attention_cpu_planned(const HybridAttentionParams& p, const int32_t* plan,
                                     const AttentionPlanCapacity& cap) {
-  Status st = validate_attention_indices(p);
+  Status st = validate_attention_options(p);
+  if (st.ok()) st = validate_attention_indices(p);
   if (st.ok()) st = validate_cpu_attention_plan(p, plan, cap);
   if (!st.ok()) return st;
   run_plan(p, plan, cap);

@@ -1,5 +1,8 @@
 // Host-side checks of index arrays and of CPU attention plans: every out-of-range id
 // becomes a clear error instead of an out-of-bounds read or write.
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "sarathi_rt/attention_plan.h"
@@ -14,6 +17,16 @@ Status validate_slot_mapping(const WriteKVParams& p) {
       return Status::Invalid("slot_mapping[" + std::to_string(t) + "] = " + std::to_string(p.slot_mapping[t]) +
                              " is outside the cache's " + std::to_string(num_slots) + " slots");
     }
+  }
+  return Status::Ok();
+}
+
+Status validate_attention_options(const HybridAttentionParams& p) {
+  if (p.window < 0 || p.window > std::numeric_limits<int32_t>::max()) {
+    return Status::Invalid("window must be in [0, 2^31 - 1] (0 = full attention), got " + std::to_string(p.window));
+  }
+  if (!std::isfinite(p.softcap) || p.softcap < 0.0f) {
+    return Status::Invalid("softcap must be a finite number > 0 (0 = off), got " + std::to_string(p.softcap));
   }
   return Status::Ok();
 }
@@ -59,6 +72,12 @@ Status validate_cpu_attention_plan(const HybridAttentionParams& p, const int32_t
   };
   if (cap.kernel != AttentionKernel::kCpu || plan[kPlanKernel] != static_cast<int32_t>(AttentionKernel::kCpu)) {
     return Status::Invalid("plan was built for the CUDA kernel; plan_attention(..., kernel=\"cpu\") plans for this one");
+  }
+  // Items of a windowed plan skip the keys before the window: a plan made for another
+  // window would drop keys that this call's rows see.
+  if (plan[kPlanWindow] != p.window) {
+    return Status::Invalid("plan was built for window " + std::to_string(plan[kPlanWindow]) + " but this call has " +
+                           std::to_string(p.window) + " (0 = full attention); plan each window separately");
   }
   const int64_t num_items = plan[kPlanNumItems], num_merges = plan[kPlanNumMerges];
   const int64_t partial_rows = plan[kPlanNumPartialRows];

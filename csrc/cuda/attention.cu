@@ -109,6 +109,7 @@ class DeviceGuard {
 
 Status hybrid_attention_cuda(const HybridAttentionParams& p, const PlannedAttentionArgs& plan, void* stream) {
   Status st = check_supported(p.layout.head_dim, p.dtype);
+  if (st.ok()) st = validate_attention_options(p);
   if (!st.ok()) return st;
   if (plan.plan == nullptr || plan.capacity.num_ctas <= 0) return Status::Invalid("plan: no device work list");
   if (plan.capacity.kernel != AttentionKernel::kCuda) return Status::Invalid("plan was built for the CPU kernel");

@@ -87,6 +87,7 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // Flattened row -> (token in q, query head); rows are query * group + head_in_group.
 struct RowMap {
   int group;
+  int64_t window;  // sliding window, 0 = none
   __device__ int64_t token(const AttentionWorkItem& w, int row) const { return w.q_token0 + (w.row_begin + row) / group; }
   __device__ int64_t head(const AttentionWorkItem& w, int row) const {
     return static_cast<int64_t>(w.kv_head) * group + (w.row_begin + row) % group;
@@ -95,6 +96,11 @@ struct RowMap {
   __device__ int limit(const AttentionWorkItem& w, int row) const {
     if (row >= w.num_rows) return w.kv_end;
     return min(w.kv_end, w.causal_offset + (w.row_begin + row) / group + 1);
+  }
+  // Keys before this one are outside the row's sliding window.
+  __device__ int first(const AttentionWorkItem& w, int row) const {
+    if (row >= w.num_rows) return 0;
+    return static_cast<int>(first_visible_key(w.causal_offset + (w.row_begin + row) / group + 1, window));
   }
 };
 
@@ -128,12 +134,23 @@ __device__ __forceinline__ void store_pair(const HybridAttentionParams& p, const
   }
 }
 
+// Scores in the log2 domain: s * scale log2(e), or with a soft cap
+// cap log2(e) tanh(s * scale / cap). The host folds the constants: score_scale is
+// scale log2(e) or scale / cap, softcap_log2 is cap log2(e) or 0 (off).
+struct ScoreMap {
+  float score_scale;
+  float softcap_log2;
+  __device__ __forceinline__ float operator()(float s) const {
+    return softcap_log2 > 0.0f ? softcap_log2 * tanhf(s * score_scale) : s * score_scale;
+  }
+};
+
 // One work item. Narrow tiles: 16 rows, warp w scores keys [16w, 16w + 16) of every
 // chunk, and the 4 partial softmax states are merged at the end. Wide tiles: 64 rows,
 // warp w owns rows [16w, 16w + 16) against all 64 keys of every chunk.
 template <typename T, int D, bool kNarrow>
 __device__ void run_item(const HybridAttentionParams& p, const PlannedAttentionArgs& plan, const AttentionWorkItem& w,
-                         float scale_log2, T* sq, T* sk, T* sv) {
+                         const ScoreMap& score, T* sq, T* sk, T* sv) {
   constexpr int kRows = kNarrow ? kNarrowTileRows : kWideTileRows;
   constexpr int kWarpKeys = kNarrow ? kKeysPerChunk / kWarps : kKeysPerChunk;
   constexpr int kScoreTiles = kWarpKeys / 8;
@@ -145,7 +162,7 @@ __device__ void run_item(const HybridAttentionParams& p, const PlannedAttentionA
   const int quad_row = lane / 4, quad_col = (lane % 4) * 2;
   const int row0 = kNarrow ? 0 : warp * 16;
   const int key0 = kNarrow ? warp * kWarpKeys : 0;
-  const RowMap map{static_cast<int>(p.num_q_heads / p.layout.num_kv_heads)};
+  const RowMap map{static_cast<int>(p.num_q_heads / p.layout.num_kv_heads), p.window};
 
   for (int v = threadIdx.x; v < kRows * kVecs; v += kThreads) {
     const int r = v / kVecs, col = (v % kVecs) * 8;
@@ -161,6 +178,7 @@ __device__ void run_item(const HybridAttentionParams& p, const PlannedAttentionA
   float m[2] = {kNegInf, kNegInf};
   float l[2] = {0.0f, 0.0f};
   const int limit[2] = {map.limit(w, row0 + quad_row), map.limit(w, row0 + quad_row + 8)};
+  const int first[2] = {map.first(w, row0 + quad_row), map.first(w, row0 + quad_row + 8)};
   uint32_t qf[kSteps][4];
 
   const int num_chunks = (w.kv_end - w.kv_begin + kKeysPerChunk - 1) / kKeysPerChunk;
@@ -206,7 +224,7 @@ __device__ void run_item(const HybridAttentionParams& p, const PlannedAttentionA
         #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int key = start + key0 + n * 8 + quad_col + j;
-          const float x = key < limit[i] ? s[n][2 * i + j] * scale_log2 : kNegInf;
+          const float x = key < limit[i] && key >= first[i] ? score(s[n][2 * i + j]) : kNegInf;
           s[n][2 * i + j] = x;
           mx = fmaxf(mx, x);
         }
@@ -327,7 +345,7 @@ __device__ void run_item(const HybridAttentionParams& p, const PlannedAttentionA
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 2)
-    hybrid_attention_kernel(HybridAttentionParams p, PlannedAttentionArgs plan, float scale_log2) {
+    hybrid_attention_kernel(HybridAttentionParams p, PlannedAttentionArgs plan, ScoreMap score) {
   extern __shared__ __align__(128) unsigned char smem[];
   T* sq = reinterpret_cast<T*>(smem);
   T* sk = sq + kWideTileRows * D;
@@ -337,9 +355,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = cta_begin[blockIdx.x]; i < cta_begin[blockIdx.x + 1]; ++i) {
     const AttentionWorkItem w = items[i];
     if (w.kind == static_cast<int32_t>(TileKind::kNarrow)) {
-      run_item<T, D, true>(p, plan, w, scale_log2, sq, sk, sv);
+      run_item<T, D, true>(p, plan, w, score, sq, sk, sv);
     } else {
-      run_item<T, D, false>(p, plan, w, scale_log2, sq, sk, sv);
+      run_item<T, D, false>(p, plan, w, score, sq, sk, sv);
     }
     __syncthreads();  // the next item reuses shared memory
   }
@@ -350,8 +368,10 @@ Status launch_hybrid_attention(const HybridAttentionParams& p, const PlannedAtte
   auto kernel = hybrid_attention_kernel<T, D>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes<D>());
   if (err == cudaSuccess) {
+    const bool capped = p.softcap > 0.0f;
+    const ScoreMap score{capped ? p.scale / p.softcap : p.scale * kLog2e, capped ? p.softcap * kLog2e : 0.0f};
     kernel<<<static_cast<unsigned>(plan.capacity.num_ctas), kThreads, shared_bytes<D>(), stream>>>(
-        p, plan, p.scale * kLog2e);
+        p, plan, score);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) return Status::DeviceError(std::string("hybrid_attention launch failed: ") + cudaGetErrorString(err));

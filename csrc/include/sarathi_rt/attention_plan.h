@@ -111,7 +111,8 @@ struct AttentionWorkItem {
   int32_t kv_head;        // first KV head
   int32_t num_heads;      // KV heads kv_head .. kv_head + num_heads (1 on CUDA)
   int32_t q_token0;       // cu_seqlens_q[request]: the request's first row in q
-  int32_t causal_offset;  // kv_len - q_len: query i sees keys [0, causal_offset + i]
+  int32_t causal_offset;  // kv_len - q_len: query i sees keys [0, causal_offset + i] (a window
+                          // drops the early ones: first_visible_key)
   int32_t row_begin;      // first flattened row (query * group + head_in_group), per head
   int32_t num_rows;       // rows per head, <= the tile's rows
   int32_t kv_begin;       // keys [kv_begin, kv_end) of this piece
@@ -140,6 +141,7 @@ enum PlanHeaderField : int32_t {
   kPlanNumPartialRows = 2,
   kPlanNumCtas = 3,
   kPlanKernel = 4,  // the AttentionKernel it was built for
+  kPlanWindow = 5,  // the sliding window it was built for (0 = full attention)
   kPlanHeaderWords = 8,
 };
 
@@ -178,6 +180,10 @@ struct AttentionPlanInputs {
   int64_t total_q = 0;
   int64_t num_q_heads = 0;
   int64_t max_blocks_per_seq = 0;
+  // Sliding window (0 = none): each tile's key range starts at the chunk holding the
+  // first key its first query sees, so a decode over L keys with window W reads about W
+  // keys, not L. The kernel masks each row to its own window inside that range.
+  int64_t window = 0;
   PagedKVLayout layout{};
 };
 

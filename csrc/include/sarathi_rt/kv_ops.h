@@ -41,9 +41,19 @@ struct HybridAttentionParams {
   int64_t q_token_stride = 0, q_head_stride = 0;
   int64_t out_token_stride = 0, out_head_stride = 0;
   float scale = 1.0f;
+  // Sliding window: query i of a request sees only the last `window` keys up to itself,
+  // positions (i - window, i] (Mistral's sliding_window, Gemma's local layers); 0 = all
+  // keys. A per-call value, so each layer passes its own; a plan is built for one window.
+  int64_t window = 0;
+  // Logit soft-capping (Gemma 2): scores become softcap * tanh(scale * q.k / softcap)
+  // before the softmax; 0 = off.
+  float softcap = 0.0f;
   PagedKVLayout layout{};
   DType dtype = DType::kFloat32;
 };
+
+// Checks window >= 0 and softcap finite and >= 0 (0 = off for both), naming the argument.
+Status validate_attention_options(const HybridAttentionParams& p);
 
 // Checks the host-side index arrays (cu_seqlens_q, seqlens_k, block tables) against the
 // cache; the CPU launcher calls it, and the CUDA path calls it on host copies.

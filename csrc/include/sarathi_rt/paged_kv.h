@@ -36,6 +36,13 @@ SRT_HOST_DEVICE int64_t num_visible_keys(int64_t kv_len, int64_t q_len, int64_t 
   return kv_len - q_len + i + 1;
 }
 
+// First key a query sees under a sliding window of `window` keys (0 = no window), given
+// the number of keys it sees causally (num_visible_keys): the window holds the query's
+// own key and the window - 1 before it.
+SRT_HOST_DEVICE int64_t first_visible_key(int64_t visible, int64_t window) {
+  return window > 0 && visible > window ? visible - window : 0;
+}
+
 SRT_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace sarathi_rt

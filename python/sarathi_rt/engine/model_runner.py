@@ -53,7 +53,10 @@ class ModelRunner:
         self.device = model.device
         self.vocab_size = model.config.vocab_size
         self.max_position = model.config.max_position_embeddings
-        self._plan: ops.AttentionPlan | None = None
+        # One plan per sliding window the layers use (0 = full attention), each refilled per step.
+        config = model.config
+        self._windows = tuple(dict.fromkeys(config.layer_window(i) for i in range(config.num_hidden_layers)))
+        self._plans: dict[int, ops.AttentionPlan] = {}
         self._num_q_heads = model.shard.num_heads
         # Every layer's cache has the same shape: the plan reads the first.
         self._k_cache = kv_cache.layer(0)[0]
@@ -75,21 +78,23 @@ class ModelRunner:
         cu_seqlens_q, seqlens_k, block_tables = torch.split(ints, sizes)
         host_cu, host_seqlens, host_tables = torch.split(host, sizes)
         ids, positions, slots, logits_rows = torch.split(longs, [tokens, tokens, tokens, longs.shape[0] - 3 * tokens])
-        plan = self._attention_plan(host_cu, host_seqlens, host_tables.view(batch, width), tokens)
+        plans = [self._attention_plan(host_cu, host_seqlens, host_tables.view(batch, width), tokens, window)
+                 for window in self._windows]
         ctx = StepContext(positions=positions, slot_mapping=slots, cu_seqlens_q=cu_seqlens_q, seqlens_k=seqlens_k,
                           block_tables=block_tables.view(batch, width), logits_indices=logits_rows,
-                          attention_plan=plan)
+                          attention_plan=plans[0], other_plans=tuple(plans[1:]))
         return ids, ctx
 
     def _attention_plan(self, cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor,
-                        tokens: int) -> ops.AttentionPlan:
-        """Plan this step from the host-side index arrays, refilling the previous plan's
-        buffers in place while the step fits them (a larger step gets a larger plan)."""
+                        tokens: int, window: int) -> ops.AttentionPlan:
+        """Plan this step for one window from the host-side index arrays, refilling that
+        window's previous plan in place while the step fits it (a larger step gets a larger plan)."""
         batch, k_cache = seqlens_k.shape[0], self._k_cache
-        plan = self._plan
+        plan = self._plans.get(window)
         if plan is None or batch > plan.max_batch or tokens > plan.max_tokens:
             self._plan_size = (max(batch, self._plan_size[0]), max(tokens, self._plan_size[1]))
-            plan = self._plan = ops.AttentionPlan(
+            plan = self._plans[window] = ops.AttentionPlan(
                 max_batch=self._plan_size[0], max_tokens=self._plan_size[1], num_q_heads=self._num_q_heads,
-                num_kv_heads=k_cache.shape[2], head_dim=k_cache.shape[3], device=k_cache.device, dtype=k_cache.dtype)
+                num_kv_heads=k_cache.shape[2], head_dim=k_cache.shape[3], device=k_cache.device, dtype=k_cache.dtype,
+                window=window)
         return plan.update_host(cu_seqlens_q, seqlens_k, block_tables, tokens, tuple(k_cache.shape))

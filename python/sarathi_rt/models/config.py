@@ -3,6 +3,7 @@ spellings) or given directly for the random-weight presets."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,14 @@ from .registry import family_for_hf, get_family
 class ModelConfig:
     """A LLaMA-family decoder. `rope_scaling` is None or the HF dict (rope_type "llama3"
     or "default"); `eos_token_ids` lists every id that ends generation; `model_type`
-    names its family in `registry`."""
+    names its family in `registry`.
+
+    Attention options, all off by default: `sliding_window` (keys a query sees, its own
+    included) on the layers `layer_types` marks "sliding_attention" (HF's spelling; None =
+    every layer), the rest "full_attention" (Gemma's alternating local and global
+    layers); `attn_logit_softcapping` (Gemma 2: logits = cap * tanh(logits / cap));
+    `query_pre_attn_scalar` (Gemma: scale = query_pre_attn_scalar ** -0.5 instead of
+    head_dim ** -0.5)."""
 
     vocab_size: int
     hidden_size: int
@@ -34,6 +42,10 @@ class ModelConfig:
     model_type: str = "llama"
     eos_token_ids: tuple[int, ...] = ()
     initializer_range: float = 0.02
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    attn_logit_softcapping: float | None = None
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -60,9 +72,40 @@ class ModelConfig:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in ("default", "llama3"):
                 raise ValueError(f"rope_scaling type must be 'default' or 'llama3', got {kind!r}")
+        self._check_attention_options()
         bad = [t for t in self.eos_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"eos_token_ids {bad} are outside the vocabulary (vocab_size={self.vocab_size})")
+
+    def _check_attention_options(self) -> None:
+        window = self.sliding_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+            raise ValueError(f"sliding_window must be None or a positive int, got {window!r}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(f"layer_types must name all {self.num_hidden_layers} layers, "
+                                 f"got {len(self.layer_types)}")
+            unknown = sorted(set(self.layer_types) - {"sliding_attention", "full_attention"})
+            if unknown:
+                raise ValueError(f"layer_types must be 'sliding_attention' or 'full_attention', got {unknown}")
+        for name in ("attn_logit_softcapping", "query_pre_attn_scalar"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name} must be None or a finite number > 0, got {value!r}")
+
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of layer `layer` (0 = full attention), as the attention op takes it."""
+        if self.sliding_window is None:
+            return 0
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return 0
+
+    @property
+    def attention_scale(self) -> float:
+        """What q.k is multiplied by before the softmax (and the soft cap)."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def q_size(self) -> int:
@@ -77,12 +120,14 @@ class ModelConfig:
         family = family_for_hf(d.get("architectures"), d.get("model_type"))
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {d['hidden_act']!r}")
-        max_positions = d.get("max_position_embeddings", 2048)
         window = d.get("sliding_window")
-        if window and (d.get("use_sliding_window") or family.always_sliding):
-            # Attention here is full; within the window that is the same thing, so cap
-            # the context there rather than refuse the model.
-            max_positions = min(max_positions, window)
+        if not (window and (d.get("use_sliding_window") or family.always_sliding)):
+            window = None
+        layer_types = d.get("layer_types")
+        if window is not None and layer_types is None and d.get("max_window_layers") is not None:
+            # Qwen2's spelling: the layers from max_window_layers on slide, those before attend fully.
+            layer_types = ["sliding_attention" if i >= d["max_window_layers"] else "full_attention"
+                           for i in range(d["num_hidden_layers"])]
         # transformers 5 folds rope_theta/rope_scaling into rope_parameters.
         rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
         theta = rope.pop("rope_theta", d.get("rope_theta", 10000.0))
@@ -97,10 +142,12 @@ class ModelConfig:
             num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
             head_dim=d.get("head_dim"), rms_norm_eps=d.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
             rope_scaling=None if kind == "default" else rope,
-            max_position_embeddings=max_positions,
+            max_position_embeddings=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), qkv_bias=qkv_bias, o_bias=o_bias,
             mlp_bias=bool(d.get("mlp_bias", False)), model_type=family.name, eos_token_ids=eos_ids,
-            initializer_range=d.get("initializer_range", 0.02))
+            initializer_range=d.get("initializer_range", 0.02), sliding_window=window,
+            layer_types=None if layer_types is None else tuple(layer_types),
+            attn_logit_softcapping=d.get("attn_logit_softcapping"), query_pre_attn_scalar=d.get("query_pre_attn_scalar"))
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
@@ -134,4 +181,12 @@ class ModelConfig:
         }
         if family.fixed_bias is None:
             d["attention_bias"] = self.qkv_bias
+        if self.sliding_window is not None:
+            d["sliding_window"] = self.sliding_window
+            d["use_sliding_window"] = True
+            if self.layer_types is not None:
+                d["layer_types"] = list(self.layer_types)
+        for name in ("attn_logit_softcapping", "query_pre_attn_scalar"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
         return d

@@ -72,13 +72,15 @@ class Linear(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, shard: BoundLayout, dtype: torch.dtype,
+    def __init__(self, config: ModelConfig, layer: int, shard: BoundLayout, dtype: torch.dtype,
                  device: torch.device | str) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, shard.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = config.attention_scale
+        self.window = config.layer_window(layer)  # the step plans each window the layers use
+        self.softcap = config.attn_logit_softcapping or 0.0
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, device)
         self.o_proj = Linear(self.q_size, config.hidden_size, config.o_bias, dtype, device, reduce=shard)
         self.k_cache: torch.Tensor | None = None
@@ -96,8 +98,8 @@ class Attention(nn.Module):
         # The slots come from the engine's own block tables: no per-layer wait on the GPU.
         KERNELS.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, sync_check=False)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        run_attention(ctx.attention_plan, q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seqlens_k,
-                      ctx.block_tables, self.scale, out)
+        run_attention(ctx.plan_for(self.window), q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seqlens_k,
+                      ctx.block_tables, self.scale, out, window=self.window, softcap=self.softcap)
         return self.o_proj(out.view(tokens, self.q_size))
 
 
@@ -117,11 +119,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, shard: BoundLayout, dtype: torch.dtype,
+    def __init__(self, config: ModelConfig, layer: int, shard: BoundLayout, dtype: torch.dtype,
                  device: torch.device | str) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(config, shard, dtype, device)
+        self.self_attn = Attention(config, layer, shard, dtype, device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.mlp = MLP(config, shard, dtype, device)
 
@@ -153,7 +155,7 @@ class LlamaForCausalLM(nn.Module):
         needs_embed = self.shard.is_first or (self.shard.is_last and config.tie_word_embeddings)
         vocab = len(self.shard.vocab)  # this rank's slice of the vocabulary
         self.embed_tokens = _param(vocab, hidden, dtype=dtype, device=device) if needs_embed else None
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, self.shard, dtype, device)
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, i, self.shard, dtype, device)
                                      for i in self.shard.layers})
         self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype, device) if self.shard.is_last else None
         self.lm_head: nn.Parameter | None = None

@@ -9,7 +9,7 @@ import torch
 from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
 from sarathi_rt.ops._registry import KERNELS, native_op
-from sarathi_rt.ops.attention_plan import AttentionPlan, plan_attention
+from sarathi_rt.ops.attention_plan import AttentionPlan, check_softcap, check_window, plan_attention
 
 _FLOATS = tuple(DTYPE_CODES)
 MAX_CPU_HEAD_DIM = 256
@@ -55,7 +55,8 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
 
 def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      seqlens_k: torch.Tensor, block_tables: torch.Tensor, *, scale: float | None = None,
-                     out: torch.Tensor | None = None, plan: AttentionPlan | None = None) -> torch.Tensor:
+                     window: int | None = None, softcap: float | None = None, out: torch.Tensor | None = None,
+                     plan: AttentionPlan | None = None) -> torch.Tensor:
     """Attention for a batch mixing prefill chunks and decodes, in one call.
 
     q [total_q, num_q_heads, head_dim] holds the requests back to back (cu_seqlens_q,
@@ -63,10 +64,18 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     this step's included; block_tables (int32 [batch, max_blocks]) maps positions to
     blocks. Query i of a request with q_len queries sees positions 0..kv_len - q_len + i.
 
+    scale multiplies q.k (default head_dim ** -0.5; a model sets its own, e.g. Gemma's
+    query_pre_attn_scalar ** -0.5). window: a sliding window of that many keys, the
+    query's own included (Mistral, Gemma's local layers); None or 0 = full attention, and
+    a window longer than the context is full attention too. softcap: logits become
+    softcap * tanh(logits / softcap) before the softmax (Gemma 2); None = off. Both are
+    per call, so each layer passes its own; a bad one is a ValueError naming it.
+
     plan: the step's `plan_attention(...)`, built once and reused by every layer, on CUDA
     (float16/bfloat16, head_dim 64 or 128, any block size) and on the CPU alike. When it
     is None the op plans this call itself (on CUDA that copies the index arrays to the
-    host). A given plan must have been built for this batch and this device's kernel.
+    host). A given plan must have been built for this batch, this device's kernel and this
+    window.
     """
     k, v = _check_caches(k_cache, v_cache)
     check_tensor("q", q, ndim=3, dtypes=_FLOATS, last_dim_contiguous=True)
@@ -104,34 +113,41 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     scale = head_dim ** -0.5 if scale is None else float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale}")
+    window, softcap = check_window(window), check_softcap(softcap)
     if q.device.type == "cuda":
         _check_aligned("out", out)
         if plan is None:
-            plan = plan_attention(cu_seqlens_q, seqlens_k, block_tables, k, num_q_heads)
+            plan = plan_attention(cu_seqlens_q, seqlens_k, block_tables, k, num_q_heads, window=window)
     if plan is not None:
         if not isinstance(plan, AttentionPlan):
             raise TypeError(f"plan must be an AttentionPlan, got {type(plan).__name__}")
-        plan.check_matches(q, k, seqlens_k, block_tables)
-        run_attention(plan, q, k, v, cu_seqlens_q, seqlens_k, block_tables, scale, out, kernels=torch.ops.sarathi_rt)
+        plan.check_matches(q, k, seqlens_k, block_tables, window)
+        run_attention(plan, q, k, v, cu_seqlens_q, seqlens_k, block_tables, scale, out, window=window,
+                      softcap=softcap, kernels=torch.ops.sarathi_rt)
     else:
         torch.ops.sarathi_rt.hybrid_attention_out(q, k, v, cu_seqlens_q, seqlens_k, block_tables, _NO_PLAN,
-                                                  _NO_CAPACITY, scale, out)
+                                                  _NO_CAPACITY, scale, out, window, softcap)
     return out
 
 
 def run_attention(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                  out: torch.Tensor, *, kernels: Any = KERNELS) -> None:
+                  out: torch.Tensor, *, window: int = 0, softcap: float = 0.0, kernels: Any = KERNELS) -> None:
     """The per-layer launch of a planned step (flashinfer's run after plan): it trusts
-    that the step's tensors were checked when `plan` was built for them, and checks
-    nothing itself. `hybrid_attention` is the checked entry point; it launches through
+    that the step's tensors were checked when `plan` was built for them. It checks only
+    what differs per layer: that the plan was made for this layer's `window` (int, 0 =
+    full attention; a plan for another window would read the wrong keys). softcap is a
+    float, 0.0 = off. `hybrid_attention` is the checked entry point; it launches through
     the dispatcher (kernels=torch.ops.sarathi_rt), the model's layers without it."""
+    if window != plan.window:
+        raise ValueError(f"plan was built for window {plan.window} but this call has {window} (0 = full attention); "
+                         f"plan each window separately")
     if plan.kernel == "cuda":
         kernels.hybrid_attention_planned_out(q, k_cache, v_cache, block_tables, plan.buffer, plan.partial_out,
-                                             plan.partial_lse, plan.capacity.as_list(), scale, out)
+                                             plan.partial_lse, plan.capacity.as_list(), scale, out, window, softcap)
     else:
         kernels.hybrid_attention_out(q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_tables, plan.buffer,
-                                     plan.capacity.as_list(), scale, out)
+                                     plan.capacity.as_list(), scale, out, window, softcap)
 
 
 def _check_aligned(name: str, t: torch.Tensor) -> None:
@@ -160,22 +176,23 @@ def _write_kv_op(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, 
 @native_op("hybrid_attention_out", mutates_args=("out",))
 def _hybrid_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          seqlens_k: torch.Tensor, block_tables: torch.Tensor, plan_buffer: torch.Tensor,
-                         capacity: list[int], scale: float, out: torch.Tensor) -> None:
+                         capacity: list[int], scale: float, out: torch.Tensor, window: int = 0,
+                         softcap: float = 0.0) -> None:
     _C.hybrid_attention(q.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cu_seqlens_q.data_ptr(),
                         seqlens_k.data_ptr(), block_tables.data_ptr(), seqlens_k.shape[0], q.shape[0], q.shape[1],
                         block_tables.shape[1], q.stride()[:2], out.stride()[:2], tuple(k_cache.shape), scale,
-                        DTYPE_CODES[q.dtype], device_code(q), stream_of(q),
+                        window, softcap, DTYPE_CODES[q.dtype], device_code(q), stream_of(q),
                         plan_buffer.data_ptr() if plan_buffer.numel() else 0, capacity)
 
 
 @native_op("hybrid_attention_planned_out", mutates_args=("partial_out", "partial_lse", "out"))
 def _hybrid_attention_planned_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                  block_tables: torch.Tensor, plan_buffer: torch.Tensor, partial_out: torch.Tensor,
-                                 partial_lse: torch.Tensor, capacity: list[int], scale: float,
-                                 out: torch.Tensor) -> None:
+                                 partial_lse: torch.Tensor, capacity: list[int], scale: float, out: torch.Tensor,
+                                 window: int = 0, softcap: float = 0.0) -> None:
     _C.hybrid_attention_planned(q.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                 block_tables.data_ptr(), q.shape[1], block_tables.shape[1], q.stride()[:2],
-                                out.stride()[:2], tuple(k_cache.shape), scale, DTYPE_CODES[q.dtype], device_code(q),
-                                stream_of(q), plan_buffer.data_ptr(), capacity, partial_out.data_ptr(),
-                                partial_lse.data_ptr())
+                                out.stride()[:2], tuple(k_cache.shape), scale, window, softcap, DTYPE_CODES[q.dtype],
+                                device_code(q), stream_of(q), plan_buffer.data_ptr(), capacity,
+                                partial_out.data_ptr(), partial_lse.data_ptr())
 

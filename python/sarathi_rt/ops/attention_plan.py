@@ -10,9 +10,16 @@ address never changes; the CUDA kernel's partial-result pool is sized from the p
 (see AttentionPlan). To capture a planned step in a CUDA graph, call
 `plan.reserve_partials()` once before capturing and `plan.update(...)` before each replay,
 outside the graph.
+
+A sliding window (`window=W`: each query sees its own key and the W - 1 before it) is a
+property of a plan: its tiles start at the window, so a decode with a 4096-key window
+over a 100k-key context reads 4096 keys (rounded out to whole 64-key chunks), not 100k. A
+model whose layers use different windows (Gemma's local and global layers) plans once per
+window.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +52,33 @@ class PlanCapacity:
         return [self.max_items, self.max_merges, self.max_partial_rows, self.num_ctas, self.kernel]
 
 
+# Contexts are int32, so a window this long already holds every key: full attention.
+_FULL_WINDOW = 2 ** 31 - 1
+
+
+def check_window(window: object) -> int:
+    """The kernels' form of a sliding window: None or 0 = full attention (0), else a
+    positive int (a window longer than the context is full attention too). Anything else
+    is a ValueError naming `window`."""
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise ValueError(f"window must be None or an int >= 0 (0 = full attention), got {window!r}")
+    if window < 0:
+        raise ValueError(f"window must be None or an int >= 0 (0 = full attention), got {window}")
+    return 0 if window >= _FULL_WINDOW else window
+
+
+def check_softcap(softcap: object) -> float:
+    """The kernels' form of a logit soft cap: None = off (0.0), else a finite number > 0."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) \
+            or softcap <= 0:
+        raise ValueError(f"softcap must be None or a finite number > 0, got {softcap!r}")
+    return float(softcap)
+
+
 def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -60,11 +94,13 @@ class AttentionPlan:
     "cuda" plan on a CPU device only shows what a GPU would run). num_ctas: the workers
     the plan balances: the CUDA kernel's persistent CTAs (default: what fits the GPU, or
     264 on a CPU device), or for the CPU kernel 2 per thread (its threads take items
-    dynamically; the workers size the splits)."""
+    dynamically; the workers size the splits). window: the sliding window every call
+    running this plan uses (None or 0 = full attention; see the module's docstring)."""
 
     def __init__(self, *, max_batch: int, max_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  device: torch.device | str = "cuda", dtype: DTypeLike = torch.bfloat16,
-                 num_ctas: int | None = None, kernel: str | None = None) -> None:
+                 num_ctas: int | None = None, kernel: str | None = None, window: int | None = None) -> None:
+        self.window = check_window(window)
         self.max_batch = _positive("max_batch", max_batch)
         self.max_tokens = _positive("max_tokens", max_tokens)
         self.num_q_heads = _positive("num_q_heads", num_q_heads)
@@ -157,7 +193,7 @@ class AttentionPlan:
             self._copied.synchronize()
         partial_rows = _C.build_attention_plan(
             self._host.data_ptr(), cu_seqlens_q.data_ptr(), seqlens_k.data_ptr(), block_tables.data_ptr(), batch,
-            total_q, self.num_q_heads, block_tables.shape[1], cache_shape, self.capacity.as_list())
+            total_q, self.num_q_heads, block_tables.shape[1], cache_shape, self.capacity.as_list(), self.window)
         if self.kernel == "cuda":
             self._grow_partials(partial_rows)
         if self._copied is not None:
@@ -186,7 +222,7 @@ class AttentionPlan:
             self.partial_lse = torch.empty(rows, dtype=torch.float32, device=self.device)
 
     def check_matches(self, q: torch.Tensor, k_cache: torch.Tensor, seqlens_k: torch.Tensor,
-                      block_tables: torch.Tensor) -> None:
+                      block_tables: torch.Tensor, window: int = 0) -> None:
         """Raises ValueError (naming `plan`) unless this plan was built for this call."""
         if self.batch < 0:
             raise ValueError("plan has not been updated with a batch yet (call plan.update)")
@@ -194,7 +230,8 @@ class AttentionPlan:
                 "num_q_heads": (self.num_q_heads, q.shape[1]),
                 "k_cache shape": (self.cache_shape, tuple(k_cache.shape)),
                 "batch": (self.batch, seqlens_k.shape[0]), "total_q": (self.total_q, q.shape[0]),
-                "block_tables columns": (self.max_blocks_per_seq, block_tables.shape[1])}
+                "block_tables columns": (self.max_blocks_per_seq, block_tables.shape[1]),
+                "window": (self.window, window)}
         for what, (planned, got) in want.items():
             if planned != got:
                 raise ValueError(f"plan was built for {what} {planned} but this call has {got}")
@@ -256,11 +293,13 @@ class AttentionPlan:
 def plan_attention(cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_tables: torch.Tensor,
                    k_cache: torch.Tensor, num_q_heads: int, *, plan: AttentionPlan | None = None,
                    max_batch: int | None = None, max_tokens: int | None = None,
-                   num_ctas: int | None = None, kernel: str | None = None) -> AttentionPlan:
+                   num_ctas: int | None = None, kernel: str | None = None,
+                   window: int | None = None) -> AttentionPlan:
     """Plans one step of `hybrid_attention`, on CUDA and CPU caches alike. Pass `plan=` to
-    refill an existing plan in place (its buffers keep their addresses); otherwise a new
-    one is sized from max_batch / max_tokens (default: this batch), for `kernel` (default:
-    the cache's device type) and num_ctas workers (see AttentionPlan)."""
+    refill an existing plan in place (its buffers keep their addresses; it must have been
+    made for this `window`); otherwise a new one is sized from max_batch / max_tokens
+    (default: this batch), for `kernel` (default: the cache's device type), num_ctas
+    workers and the sliding `window` (None or 0 = full attention; see AttentionPlan)."""
     check_tensor("k_cache", k_cache, ndim=4)
     if plan is None:
         check_tensor("seqlens_k", seqlens_k, ndim=1)
@@ -269,11 +308,13 @@ def plan_attention(cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, block_ta
         plan = AttentionPlan(max_batch=max_batch or max(1, seqlens_k.shape[0]),
                              max_tokens=max_tokens or max(1, total_q), num_q_heads=num_q_heads,
                              num_kv_heads=k_cache.shape[2], head_dim=k_cache.shape[3], device=k_cache.device,
-                             dtype=k_cache.dtype, num_ctas=num_ctas, kernel=kernel)
+                             dtype=k_cache.dtype, num_ctas=num_ctas, kernel=kernel, window=window)
     elif not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan must be an AttentionPlan, got {type(plan).__name__}")
     elif plan.num_q_heads != num_q_heads:
         raise ValueError(f"plan was made for {plan.num_q_heads} query heads, not num_q_heads={num_q_heads}")
     elif kernel is not None and kernel != plan.kernel:
         raise ValueError(f"plan was made for the {plan.kernel} kernel, not kernel={kernel!r}")
+    elif plan.window != check_window(window):
+        raise ValueError(f"plan was made for window {plan.window}, not window={window!r} (0 = full attention)")
     return plan.update(cu_seqlens_q, seqlens_k, block_tables, k_cache)

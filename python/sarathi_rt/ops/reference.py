@@ -30,8 +30,11 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, kv_len: int) -> to
 
 def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      seqlens_k: torch.Tensor, block_tables: torch.Tensor, *, scale: float | None = None,
+                     window: int | None = None, softcap: float | None = None,
                      dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Per request: gather its keys/values, bottom-right causal softmax attention, in `dtype`."""
+    """Per request: gather its keys/values, bottom-right causal softmax attention, in `dtype`.
+    window: each query sees only its own key and the window - 1 before it (None or 0: all);
+    softcap: logits become softcap * tanh(logits / softcap) before the softmax."""
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     group = num_q_heads // k_cache.shape[2]
     scale = head_dim ** -0.5 if scale is None else scale
@@ -45,9 +48,14 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k = gather_kv(k_cache, block_tables[b], kv_len).to(dtype).repeat_interleave(group, dim=1)
         v = gather_kv(v_cache, block_tables[b], kv_len).to(dtype).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", qs, k) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         query_pos = torch.arange(q_len, device=q.device)[:, None] + (kv_len - q_len)
         key_pos = torch.arange(kv_len, device=q.device)[None, :]
-        scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+        hidden = key_pos > query_pos
+        if window:
+            hidden |= key_pos <= query_pos - window
+        scores = scores.masked_fill(hidden, float("-inf"))
         out[cu[b]:cu[b + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
     return out
 
