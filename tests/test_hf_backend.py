@@ -40,6 +40,19 @@ ARCHITECTURES: dict[str, tuple[str, str, dict]] = {
                        shared_expert_intermediate_size=48)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(sliding_window=None)),  # biases, GeLU MLP
     "cohere": ("CohereConfig", "CohereForCausalLM", dict(logit_scale=0.5)),  # parallel blocks, interleaved rope
+    # Learned absolute positions, read from our position_ids.
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=128)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(ffn_dim=128, word_embed_proj_dim=64)),  # offset positions
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128)),
+    "phi": ("PhiConfig", "PhiForCausalLM", {}),  # parallel attention and MLP, partial rotary
+    # Sliding windows (Olmo3, Gemma 2 and 3 alternate them with full layers) cap the context at the window.
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", dict(sliding_window=64)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",  # final logit soft-capping (done by transformers' head)
+               dict(attn_logit_softcapping=None, final_logit_softcapping=30.0, sliding_window=64, head_dim=16)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(sliding_window=64, head_dim=16)),  # query_pre_attn_scalar
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
 }
 
 
@@ -69,7 +82,12 @@ def _greedy(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[in
     return [out.token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
 
 
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+# The quick lane runs these; the rest of ARCHITECTURES run in the slow lane.
+QUICK = {"qwen3", "phi3", "olmo2", "granite", "gpt_neox", "gemma", "mixtral", "qwen2_moe", "gemma2"}
+
+
+@pytest.mark.parametrize("name", [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(ARCHITECTURES)])
 def test_greedy_matches_transformers_generate(name: str, tmp_path: Path) -> None:
     """Prompts of 1-40 tokens in one batch, split into chunks of 8 under a budget of 16
     (so prefill chunks ride with decodes), run twice with prefix caching on: the second
@@ -170,6 +188,8 @@ def _write_config(path: Path, config: dict) -> Path:
      r"StableLmForCausalLM computes attention in its own code"),
     ({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "attn_logit_softcapping": 50.0, **SHAPE},
      r"soft-caps its attention logits"),
+    ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **SHAPE},
+     r"values and keys differ in head size \(multi-head latent attention\)"),
 ])
 def test_what_the_backend_cannot_run_is_named(config: dict, error: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=error):

@@ -95,9 +95,9 @@ def _transformers() -> Any:
     return transformers
 
 
-def _model_class(transformers: Any, hf_config: Any, path: Path, trust_remote_code: bool) -> type:
+def _model_class(transformers: Any, hf_config: Any, path: Path) -> type:
     """The transformers class the config's first architecture names, or the one its
-    auto_map ships in the directory (run only when trusted)."""
+    auto_map ships in the directory (read_config has checked that it is trusted)."""
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -111,9 +111,6 @@ def _model_class(transformers: Any, hf_config: Any, path: Path, trust_remote_cod
     if "AutoModelForCausalLM" not in auto_map:
         raise ValueError(f"architecture {arch!r} is unknown to transformers {transformers.__version__} and the "
                          "checkpoint ships no AutoModelForCausalLM code (auto_map)")
-    if not trust_remote_code:
-        raise ValueError(f"architecture {arch!r} needs the modelling code in the checkpoint directory "
-                         f"(auto_map {auto_map['AutoModelForCausalLM']!r}); pass trust_remote_code=True to run it")
     return get_class_from_dynamic_module(auto_map["AutoModelForCausalLM"], str(path))
 
 
@@ -127,16 +124,17 @@ def read_config(path: Path, trust_remote_code: bool = False) -> ModelConfig:
         raise ValueError(f"{path / 'config.json'} names no `architectures`: the transformers backend needs the "
                          "model class to build")
     transformers = _transformers()
+    # Code in the directory runs only when trusted; a class transformers has is its own.
     if raw.get("auto_map") and not trust_remote_code and not hasattr(transformers, raw["architectures"][0]):
         raise ValueError(f"architecture {raw['architectures'][0]!r} needs the modelling code in the checkpoint "
-                         f"directory (auto_map); pass trust_remote_code=True to run it")
+                         f"directory (auto_map {raw['auto_map']}); pass trust_remote_code=True to run it")
     try:
         hf_config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except ValueError as exc:  # an unknown model_type, or remote code not trusted
         raise ValueError(f"transformers cannot read {path / 'config.json'}: {exc}") from exc
     if getattr(hf_config, "is_encoder_decoder", False):
         raise ValueError(f"{raw['architectures'][0]} is an encoder-decoder model; sarathi_rt runs decoders only")
-    cls = _model_class(transformers, hf_config, path, trust_remote_code)
+    cls = _model_class(transformers, hf_config, path)
     if not getattr(cls, "_supports_attention_backend", False):
         raise ValueError(f"{cls.__name__} computes attention in its own code rather than through transformers' "
                          "AttentionInterface, so the paged KV cache cannot serve it")
@@ -163,9 +161,14 @@ def read_config(path: Path, trust_remote_code: bool = False) -> ModelConfig:
     heads = text.num_attention_heads
     # The KV cache's shape from what the attention modules pass on, not from config
     # fields whose names and defaults differ by model (GPT-NeoX ignores num_key_value_heads).
-    shapes = {(heads // getattr(m, "num_key_value_groups", 1),
-               getattr(m, "head_dim", None) or getattr(m, "head_size", None) or text.hidden_size // heads)
-              for m in modules}
+    def head_size(m: nn.Module) -> int:
+        return (getattr(m, "head_dim", None) or getattr(m, "qk_head_dim", None) or getattr(m, "head_size", None)
+                or text.hidden_size // heads)
+
+    if any(getattr(m, "v_head_dim", None) not in (None, head_size(m)) for m in modules):
+        raise ValueError(f"{cls.__name__}'s values and keys differ in head size (multi-head latent attention); "
+                         "the paged KV cache holds one head size for both")
+    shapes = {(heads // getattr(m, "num_key_value_groups", 1), head_size(m)) for m in modules}
     if len(shapes) != 1:
         raise ValueError(f"{cls.__name__}'s layers differ in (KV heads, head_dim): {sorted(shapes)}; the paged "
                          "KV cache holds one shape")
@@ -274,12 +277,9 @@ def load_weights(model: TransformersCausalLM, path: Path) -> None:
     once, in the target dtype, so the weights are never held twice."""
     transformers = _transformers()
     hf_config = model.config.hf_config
-    # read_config refused code from the directory unless it was trusted.
-    remote = type(hf_config).__module__.startswith("transformers_modules")
-    cls = _model_class(transformers, hf_config, path, remote)
-    net = cls.from_pretrained(
-        path, config=hf_config, dtype=model.dtype, device_map=model.device, attn_implementation=ATTENTION,
-        trust_remote_code=remote)
+    cls = _model_class(transformers, hf_config, path)
+    net = cls.from_pretrained(path, config=hf_config, dtype=model.dtype, device_map=model.device,
+                              attn_implementation=ATTENTION)
     model.hf = net.eval()
 
 
