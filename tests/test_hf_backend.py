@@ -228,3 +228,50 @@ def test_a_sliding_window_caps_the_context_and_parallelism_is_refused(llama: tup
         resolve_model(llama[0], model_impl="vllm")
     with pytest.raises(ValueError, match="model_impl='transformers' runs HF model directories only"):
         resolve_model("tiny", model_impl="transformers")
+
+
+# Loads a checkpoint in bfloat16 (so every weight is converted, not memory-mapped) while
+# a thread samples the process's anonymous memory; prints (weights, peak growth, final
+# growth) in MiB, growth counted from after a tiny model of the same kind was loaded.
+_PEAK_PROBE = """
+import json, sys, threading, time
+import torch
+from sarathi_rt.models import load_model
+
+def anon():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon")) / 1024
+
+load_model(sys.argv[2], dtype="bfloat16")  # a tiny one first: imports and one-off set-up are not weights
+start, peak, done = anon(), [0.0], threading.Event()
+def sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], anon())
+        time.sleep(0.001)
+thread = threading.Thread(target=sample)
+thread.start()
+model = load_model(sys.argv[1], dtype="bfloat16")
+done.set()
+thread.join()
+weights = sum(p.numel() * p.element_size() for p in model.hf.parameters()) / 2**20
+print(json.dumps([weights, peak[0] - start, anon() - start]))
+"""
+
+
+@pytest.mark.slow  # writes and loads a 200 MiB checkpoint
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads RssAnon from /proc")
+def test_weights_are_loaded_without_a_second_copy(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    config = transformers.Qwen3Config(hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
+                                      num_attention_heads=8, num_key_value_heads=4, vocab_size=32000,
+                                      architectures=["Qwen3ForCausalLM"])
+    transformers.Qwen3ForCausalLM(config).save_pretrained(tmp_path / "big")
+    _save(tmp_path, "tiny", "Qwen3Config", "Qwen3ForCausalLM", {})
+    out = subprocess.run([sys.executable, "-c", _PEAK_PROBE, str(tmp_path / "big"), str(tmp_path / "tiny")],
+                         check=True, capture_output=True, text=True).stdout
+    weights, peak, final = json.loads(out.strip().splitlines()[-1])
+    # Nothing held during the load is let go after it: no transient float32 or second copy.
+    assert peak - final < 0.1 * weights + 16, (weights, peak, final)
+    assert final < 1.5 * weights, (weights, peak, final)
