@@ -2,7 +2,8 @@
 `gguf_file`), the families by name (`registry`, one module each under `families/`),
 presets with random weights, the model itself on `sarathi_rt.ops` (behind the
 `interface` the engine talks to), weight loading with its tensor-parallel layout, and
-models fetched by name."""
+models fetched by name. Any other decoder transformers builds runs through the fallback
+family `families/transformers_backend`, on transformers' layers and our attention."""
 from __future__ import annotations
 
 from dataclasses import dataclass
