@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sarathi_rt import LLM, SamplingParams
-from sarathi_rt.models import ParallelLayout, resolve_model
+from sarathi_rt.models import ParallelLayout, load_model, resolve_model
 from sarathi_rt.models.families.transformers_backend import TransformersCausalLM
 from sarathi_rt.scheduler.registry import available_policies, get_policy
 
@@ -147,6 +147,13 @@ def test_sampling_n_and_logprobs_match_native(llama: tuple[Path, object]) -> Non
         assert a.prompt_logprobs[0] is None
         for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
             close(x, y)
+
+
+def test_timed_regions_are_the_linears_and_the_attention_modules(llama: tuple[Path, object]) -> None:
+    model = load_model(resolve_model(llama[0], model_impl="transformers"))
+    regions = [category for category, _ in model.timed_regions()]
+    # Per layer q, k, v, o, gate, up, down; then lm_head.
+    assert regions.count("attention") == 2 and regions.count("linear") == 2 * 7 + 1
 
 
 def test_code_shipped_with_the_checkpoint_runs_only_when_trusted(tmp_path: Path) -> None:
