@@ -197,6 +197,10 @@ def _write_config(path: Path, config: dict) -> Path:
      r"soft-caps its attention logits"),
     ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **SHAPE},
      r"values and keys differ in head size \(multi-head latent attention\)"),
+    ({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_local_experts": 4, **SHAPE},
+     r"GptOssForCausalLM adds attention sinks"),
+    ({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "use_bidirectional_attention": True,
+      **SHAPE}, r"Gemma3ForCausalLM attends bidirectionally"),
 ])
 def test_what_the_backend_cannot_run_is_named(config: dict, error: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=error):

@@ -63,9 +63,11 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     if layer is None or layer.step.ctx is None:
         raise RuntimeError("no KV cache bound or no step running: call model.bind_kv_cache(cache) and run a step")
     # A sliding window needs no mask here: read_config capped the context at the window.
-    if kwargs.get("softcap"):
-        raise ValueError(f"{type(module).__name__} soft-caps its attention logits, which ops.hybrid_attention "
-                         "does not implement yet")
+    # What else changes the scores is refused (read_config catches the known cases first).
+    unsupported = [name for name in ("softcap", "s_aux", "sinks", "position_bias") if kwargs.get(name) is not None]
+    if unsupported or kwargs.get("is_causal") is False:
+        raise ValueError(f"{type(module).__name__} asks for {unsupported or 'bidirectional attention'}, which "
+                         "ops.hybrid_attention does not implement")
     ctx = layer.step.ctx
     q = query[0].transpose(0, 1).contiguous()
     ops.write_kv(key[0].transpose(0, 1), value[0].transpose(0, 1), layer.k_cache, layer.v_cache,
@@ -152,6 +154,11 @@ def read_config(path: Path, trust_remote_code: bool = False) -> ModelConfig:
     if len(modules) != text.num_hidden_layers:
         raise ValueError(f"{cls.__name__} has {len(modules)} attention layers among {text.num_hidden_layers} "
                          "layers: the others keep state outside the KV cache")
+    if any(getattr(m, "is_causal", True) is False for m in modules):
+        raise ValueError(f"{cls.__name__} attends bidirectionally; ops.hybrid_attention is causal")
+    if any(hasattr(m, "sinks") for m in modules):
+        raise ValueError(f"{cls.__name__} adds attention sinks to its scores, which ops.hybrid_attention does "
+                         "not implement")
     # A window applies to every layer where the config lists no layer kinds (Mistral),
     # else to its "sliding_attention" layers; some modules keep theirs as an attribute.
     layer_types = getattr(text, "layer_types", None)
