@@ -59,12 +59,18 @@ def test_each_registered_architecture_resolves(architecture: str, tmp_path: Path
 def test_an_unknown_architecture_is_a_named_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM.*MistralForCausalLM.*Qwen2ForCausalLM"):
         ModelConfig.from_hf_dict({**SHAPE, "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
-    (tmp_path / "config.json").write_text(json.dumps({**SHAPE, "architectures": ["FalconForCausalLM"]}))
+    # From a checkpoint directory, an architecture no native family runs goes to the
+    # transformers backend (tests/test_hf_backend.py), and "native" refuses it by name.
+    (tmp_path / "config.json").write_text(json.dumps({**SHAPE, "architectures": ["FalconForCausalLM"],
+                                                       "model_type": "falcon"}))
     with pytest.raises(ValueError, match=r"FalconForCausalLM.*LlamaForCausalLM"):
+        resolve_model(tmp_path, model_impl="native")
+    with pytest.raises(ValueError, match=r"FalconForCausalLM computes attention in its own code"):
         resolve_model(tmp_path)
     with pytest.raises(ValueError, match=r"unsupported architecture 'bert'.*\['llama', 'qwen2'\]"):
         family_for_gguf("bert")
-    with pytest.raises(ValueError, match=r"model_type must be one of \['llama', 'mistral', 'qwen2'\], got 'gpt2'"):
+    with pytest.raises(ValueError,
+                       match=r"model_type must be one of \['llama', 'mistral', 'qwen2', 'transformers'\], got 'gpt2'"):
         ModelConfig(**SHAPE, model_type="gpt2")
 
 
@@ -119,9 +125,9 @@ def test_llm_reads_a_checkpoint_config_once(monkeypatch: pytest.MonkeyPatch, tmp
     reads: list[Path] = []
     real = ModelConfig.from_pretrained.__func__
 
-    def counting(cls: type[ModelConfig], path: str | Path) -> ModelConfig:
+    def counting(cls: type[ModelConfig], path: str | Path, **options: object) -> ModelConfig:
         reads.append(Path(path))
-        return real(cls, path)
+        return real(cls, path, **options)
 
     monkeypatch.setattr(ModelConfig, "from_pretrained", classmethod(counting))
     with LLM(str(tmp_path), num_kv_blocks=8):

@@ -30,13 +30,17 @@ class LLM:
     the model in that many worker processes. Use it as a context manager, or call
     shutdown(), to stop them. `tokenizer` (a Tokenizer, a GGUF file or a directory with
     tokenizer.json) overrides the model's own; with one, prompts can be text and outputs
-    carry text. Under torchrun the job's processes are the workers: the call returns on
-    world rank 0 and, on every other rank, serves until rank 0 shuts down, then exits."""
+    carry text. A HF directory whose architecture has no native family runs through
+    transformers (model_impl="transformers" forces that, "native" refuses it), running
+    modelling code shipped in the directory only with trust_remote_code=True. Under
+    torchrun the job's processes are the workers: the call returns on world rank 0 and,
+    on every other rank, serves until rank 0 shuts down, then exits."""
 
     def __init__(self, model: str | Path, *, tokenizer: str | Path | Tokenizer | None = None,
-                 **options: Any) -> None:
+                 model_impl: str = "auto", trust_remote_code: bool = False, **options: Any) -> None:
         config = EngineConfig(model=model, **options)
-        resolved = resolve_model(model)  # a bad model is named before its tokenizer is looked at
+        # A bad model is named before its tokenizer is looked at.
+        resolved = resolve_model(model, model_impl=model_impl, trust_remote_code=trust_remote_code)
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(model, tokenizer)
         if tokenizer is not None and self.tokenizer is None:
             raise ValueError(f"tokenizer {str(tokenizer)!r} is neither a GGUF file nor a directory with "

@@ -2,7 +2,8 @@
 `gguf_file`), the families by name (`registry`, one module each under `families/`),
 presets with random weights, the model itself on `sarathi_rt.ops` (behind the
 `interface` the engine talks to), weight loading with its tensor-parallel layout, and
-models fetched by name."""
+models fetched by name. Any other decoder transformers builds runs through the fallback
+family `families/transformers_backend`, on transformers' layers and our attention."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,14 +60,19 @@ class ResolvedModel:
         return get_family(self.config.model_type)
 
 
-def resolve_model(model: str | Path) -> ResolvedModel:
+def resolve_model(model: str | Path, *, model_impl: str = "auto", trust_remote_code: bool = False) -> ResolvedModel:
     """`model` (a HF directory, a GGUF file, a named model or a preset) found and its
-    config read; a bad or unsupported model raises ValueError naming it."""
+    config read; a bad or unsupported model raises ValueError naming it. A HF directory
+    whose architecture no native family runs (or any, with model_impl="transformers")
+    runs through transformers (`families/transformers_backend`); trust_remote_code=True
+    lets it run modelling code shipped in the directory."""
     path = resolve_model_path(model)
+    if model_impl == "transformers" and (path is None or not path.is_dir()):
+        raise ValueError(f"model_impl='transformers' runs HF model directories only, got {str(model)!r}")
     if path is None:
         config = get_preset(str(model))
     elif path.is_dir():
-        config = ModelConfig.from_pretrained(path)
+        config = ModelConfig.from_pretrained(path, model_impl=model_impl, trust_remote_code=trust_remote_code)
     else:
         config = gguf_config(open_gguf(path))
     return ResolvedModel(str(model), path, config)
@@ -74,7 +80,7 @@ def resolve_model(model: str | Path) -> ResolvedModel:
 
 def load_model(model: str | Path | ResolvedModel, dtype: str | torch.dtype = "float32",
                device: str | torch.device = "cpu", layout: ParallelLayout | None = None,
-               seed: int = 0) -> LlamaForCausalLM:
+               seed: int = 0) -> CausalLM:
     """Build one stage of `model` (resolved already, or a HF directory, a GGUF file, a
     named model or a preset) as its family's model class and fill its weights: from the
     checkpoint, or seeded random ones for a preset."""
@@ -84,7 +90,7 @@ def load_model(model: str | Path | ResolvedModel, dtype: str | torch.dtype = "fl
     if path is None:
         init_random(net, seed)
     elif path.is_dir():
-        load_checkpoint(net, path)
+        (resolved.family.load_weights or load_checkpoint)(net, path)
     else:
         load_gguf(net, open_gguf(path))
     return net.eval()

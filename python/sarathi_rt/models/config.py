@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .registry import family_for_hf, get_family
+from .registry import fallback_family, family_for_hf, get_family, has_native_family
+
+# ModelConfig.from_pretrained's `model_impl`: "auto" runs a checkpoint natively when a
+# family names it, else through the fallback family; "native" and "transformers" force one.
+MODEL_IMPLS = ("auto", "native", "transformers")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """A LLaMA-family decoder. `rope_scaling` is None or the HF dict (rope_type "llama3"
     or "default"); `eos_token_ids` lists every id that ends generation; `model_type`
-    names its family in `registry`.
+    names its family in `registry`. `hf_config` is the transformers config of a model the
+    fallback family runs (None for the native families, which need only the fields
+    above and below).
 
     Attention options, all off by default: `sliding_window` (keys a query sees, its own
     included) on the layers `layer_types` marks "sliding_attention" (HF's spelling; None =
@@ -46,6 +52,7 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None = None
     attn_logit_softcapping: float | None = None
     query_pre_attn_scalar: float | None = None
+    hf_config: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -150,13 +157,23 @@ class ModelConfig:
             attn_logit_softcapping=d.get("attn_logit_softcapping"), query_pre_attn_scalar=d.get("query_pre_attn_scalar"))
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> ModelConfig:
-        """Read `path/config.json`, plus the eos ids of `generation_config.json` when present."""
+    def from_pretrained(cls, path: str | Path, *, model_impl: str = "auto",
+                        trust_remote_code: bool = False) -> ModelConfig:
+        """Read `path/config.json`, plus the eos ids of `generation_config.json` when
+        present. An architecture no native family names (or any, with
+        model_impl="transformers") is read by the fallback family, which runs code from
+        the checkpoint directory only with trust_remote_code=True."""
         path = Path(path)
+        if model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {model_impl!r}")
         config_file = path / "config.json"
         if not config_file.is_file():
             raise ValueError(f"model directory {str(path)!r} has no config.json")
         d = json.loads(config_file.read_text())
+        fallback = fallback_family()
+        native = has_native_family(d.get("architectures"), d.get("model_type"))
+        if fallback is not None and (model_impl == "transformers" or (model_impl == "auto" and not native)):
+            return fallback.read_config(path, trust_remote_code)
         gen_file = path / "generation_config.json"
         if gen_file.is_file():
             gen_eos = json.loads(gen_file.read_text()).get("eos_token_id")

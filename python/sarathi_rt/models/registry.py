@@ -22,7 +22,12 @@ class Family:
     `fixed_bias` is (q/k/v carry a bias, o_proj carries a bias) when the family fixes it
     rather than the config's `attention_bias` (Qwen2 always biases q/k/v, never o).
     `gguf_rope_permuted`: llama.cpp's converter interleaved the q/k rows' rotary halves.
-    `always_sliding`: a config's `sliding_window` applies without `use_sliding_window`."""
+    `always_sliding`: a config's `sliding_window` applies without `use_sliding_window`.
+
+    `read_config` marks the fallback family (at most one): it runs any HF checkpoint
+    whose architectures no other family names, reading the checkpoint directory itself
+    ((path, trust_remote_code) -> ModelConfig), and `load_weights` ((model, path)) fills
+    its model in place of the LLaMA loader."""
 
     name: str
     architectures: tuple[str, ...]
@@ -33,6 +38,8 @@ class Family:
     fixed_bias: tuple[bool, bool] | None = None
     gguf_rope_permuted: bool = False
     always_sliding: bool = False
+    read_config: Callable[..., Any] | None = None
+    load_weights: Callable[..., None] | None = None
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -41,8 +48,10 @@ _FAMILIES: dict[str, Family] = {}
 def register_family(family: Family) -> Family:
     """Make `family` available under its name, HF architectures and GGUF architecture;
     none of them may be taken already."""
-    if not family.name or not family.architectures:
+    if not family.name or not (family.architectures or family.read_config is not None):
         raise ValueError(f"family {family.name!r} needs a name and at least one HF architecture")
+    if family.read_config is not None and fallback_family() is not None:
+        raise ValueError(f"family {family.name!r}: the fallback family is {fallback_family().name!r} already")
     for other in _FAMILIES.values():
         taken = [family.name] if family.name == other.name else []
         taken += sorted(set(family.architectures) & set(other.architectures))
@@ -78,6 +87,19 @@ def family_for_hf(architectures: list[str] | None, model_type: str | None) -> Fa
         return _FAMILIES[model_type]
     raise ValueError(f"unsupported architecture {architectures!r} (model_type {model_type!r}): sarathi_rt runs "
                      f"the architectures {available_architectures()} (model_type {sorted(_FAMILIES)})")
+
+
+def fallback_family() -> Family | None:
+    """The family that runs HF architectures no other family names (None: none registered)."""
+    return next((f for f in _FAMILIES.values() if f.read_config is not None), None)
+
+
+def has_native_family(architectures: list[str] | None, model_type: str | None) -> bool:
+    """Whether a family other than the fallback names this HF config."""
+    try:
+        return family_for_hf(architectures, model_type).read_config is None
+    except ValueError:
+        return False
 
 
 def family_for_gguf(architecture: str | None) -> Family:
