@@ -106,6 +106,26 @@ def test_greedy_matches_transformers_generate(name: str, tmp_path: Path) -> None
         assert llm.engine.prefix_cache_stats().hits > 0
 
 
+def test_windows_and_soft_caps_reach_the_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma 2's local layer runs with its window and its plan, its global one with
+    neither, both with the soft cap (random tiny weights keep scores far below the cap,
+    so greedy equality alone would not see it missing)."""
+    from sarathi_rt import ops
+
+    seen: list[tuple[int, float | None, int]] = []
+    real = ops.hybrid_attention
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        seen.append((kwargs["window"], kwargs["softcap"], kwargs["plan"].window))  # type: ignore[union-attr]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "hybrid_attention", spy)
+    _save(tmp_path, "gemma2", *ARCHITECTURES["gemma2"])
+    with LLM(str(tmp_path / "gemma2"), token_budget=16, chunk_size=8, dtype="float32") as llm:
+        _greedy(llm, _prompts(3, [20]), 2)
+    assert set(seen) == {(12, 20.0, 12), (0, 20.0, 0)}
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     root = tmp_path_factory.mktemp("llama")
