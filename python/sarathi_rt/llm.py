@@ -11,7 +11,7 @@ from typing import Any, Union
 from tqdm.auto import tqdm
 
 from sarathi_rt.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
-from sarathi_rt.models import resolve_model, resolve_model_path
+from sarathi_rt.models import resolve_configured, resolve_model_path
 from sarathi_rt.sampling import SamplingParams
 from sarathi_rt.text.tokenizer import Tokenizer
 
@@ -37,10 +37,10 @@ class LLM:
     on every other rank, serves until rank 0 shuts down, then exits."""
 
     def __init__(self, model: str | Path, *, tokenizer: str | Path | Tokenizer | None = None,
-                 model_impl: str = "auto", trust_remote_code: bool = False, **options: Any) -> None:
+                 **options: Any) -> None:
         config = EngineConfig(model=model, **options)
         # A bad model is named before its tokenizer is looked at.
-        resolved = resolve_model(model, model_impl=model_impl, trust_remote_code=trust_remote_code)
+        resolved = resolve_configured(config)
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(model, tokenizer)
         if tokenizer is not None and self.tokenizer is None:
             raise ValueError(f"tokenizer {str(tokenizer)!r} is neither a GGUF file nor a directory with "

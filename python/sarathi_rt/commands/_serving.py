@@ -256,7 +256,9 @@ class EngineBackend:
     def __post_init__(self) -> None:
         from sarathi_rt.models import resolve_model
 
-        self.resolved_model = resolve_model(self.args.model)  # once for every engine this backend starts
+        # Once for every engine this backend starts.
+        self.resolved_model = resolve_model(self.args.model, model_impl=self.args.options.get("model_impl", "auto"),
+                                            trust_remote_code=self.args.options.get("trust_remote_code", False))
         self.max_total_tokens = self.resolved_model.config.max_position_embeddings
         self._executor = None
         self.tokenizer = None

@@ -8,21 +8,29 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sarathi_rt.scheduler.config import CacheOptions, SchedulerConfig, SchedulingOptions
-from sarathi_rt.utils.checks import fraction, non_negative_int, positive_int, positive_number
+from sarathi_rt.utils.checks import boolean, fraction, non_negative_int, positive_int, positive_number
 from sarathi_rt.utils.cpu import DTYPE_HELP, bf16_forced, cpu_dtype, cpu_flags
 from sarathi_rt.utils.options import option
 
 if TYPE_CHECKING:
     import torch
 
-    from sarathi_rt.models import ModelConfig
+
+class _ModelLimits(Protocol):
+    """What model_len reads of a model's config (sarathi_rt.models.ModelConfig, which
+    this module does not import: the models import the tree)."""
+
+    max_position_embeddings: int
 
 log = logging.getLogger("sarathi_rt")
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# How a Hugging Face checkpoint runs: "auto" natively when a family names it, else
+# through transformers' model (models/families/transformers_backend); the others force one.
+MODEL_IMPLS = ("auto", "native", "transformers")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +48,11 @@ class ModelOptions:
                                              "(default: the model's max_position_embeddings)")
     seed: int = option(0, "seeds a preset's random weights and the sampling seed of requests that bring none")
     threads: int | None = option(None, "CPU threads for torch and the kernels (default: torch's)")
+    model_impl: str = option("auto", "auto: a native family where one names the checkpoint's architecture, else "
+                                     "transformers' model on our KV cache and attention; native or transformers "
+                                     "forces one", choices=MODEL_IMPLS)
+    trust_remote_code: bool = option(False, "let a Hugging Face directory run modelling code it ships (as in "
+                                            "transformers)")
 
     def _check_model(self) -> None:
         import torch
@@ -62,6 +75,9 @@ class ModelOptions:
         non_negative_int("seed", self.seed)
         if self.threads is not None:
             positive_int("threads", self.threads)
+        if self.model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
+        boolean("trust_remote_code", self.trust_remote_code)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +148,7 @@ class EngineConfig(ModelOptions, SchedulingOptions, CacheOptions, MemoryOptions,
             raise ValueError(f"tensor_parallel_size x pipeline_parallel_size ({self.world_size}) exceeds the "
                              f"{torch.cuda.device_count()} CUDA devices")
 
-    def model_len(self, model_config: ModelConfig) -> int:
+    def model_len(self, model_config: _ModelLimits) -> int:
         """The longest sequence (prompt + generated) a request may reach."""
         limit = model_config.max_position_embeddings
         if self.max_model_len is None:

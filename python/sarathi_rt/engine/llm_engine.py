@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Hashable
 
 from sarathi_rt.measure.metrics import RequestMetrics, StageMetrics, StepMetrics, pipeline_wait
-from sarathi_rt.models import ResolvedModel, resolve_model
+from sarathi_rt.models import ResolvedModel, resolve_configured
 from sarathi_rt.utils.nvtx import nvtx_range
 from sarathi_rt.sampling import SamplingParams, as_int, sample_seed
 from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, create_scheduler
@@ -66,7 +66,7 @@ class LLMEngine:
         self.step_observer = step_observer
         self.tokenizer = tokenizer
         # config.model looked up once (or by the caller: `model`); the executor's workers get it.
-        self.model = resolve_model(config.model) if model is None else model
+        self.model = resolve_configured(config) if model is None else model
         self.model_config = self.model.config
         self.max_model_len = config.model_len(self.model_config)
         self.executor = executor if executor is not None else _default_executor(config, self.model)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from sarathi_rt.config.tree import ModelOptions
 from sarathi_rt.utils.dtypes import parse_dtype
 from sarathi_rt.models.gguf_file import open_gguf
 
@@ -78,6 +79,12 @@ def resolve_model(model: str | Path, *, model_impl: str = "auto", trust_remote_c
     return ResolvedModel(str(model), path, config)
 
 
+def resolve_configured(options: ModelOptions) -> ResolvedModel:
+    """resolve_model as a config's model options ask: its model, model_impl and
+    trust_remote_code (the one place an engine looks its model up)."""
+    return resolve_model(options.model, model_impl=options.model_impl, trust_remote_code=options.trust_remote_code)
+
+
 def load_model(model: str | Path | ResolvedModel, dtype: str | torch.dtype = "float32",
                device: str | torch.device = "cpu", layout: ParallelLayout | None = None,
                seed: int = 0) -> CausalLM:
@@ -99,4 +106,4 @@ def load_model(model: str | Path | ResolvedModel, dtype: str | torch.dtype = "fl
 __all__ = ["CausalLM", "Family", "LlamaForCausalLM", "ModelConfig", "NAMED_MODELS", "PRESETS", "ParallelLayout",
            "ResolvedModel", "StepContext", "available_architectures", "cache_dir", "get_family", "get_preset",
            "hf_tensor_shapes", "init_random", "load_checkpoint", "load_model", "parse_dtype", "register_family",
-           "resolve_model", "resolve_model_path"]
+           "resolve_configured", "resolve_model", "resolve_model_path"]

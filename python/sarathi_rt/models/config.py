@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .registry import fallback_family, family_for_hf, get_family, has_native_family
+from sarathi_rt.config.tree import MODEL_IMPLS
+from sarathi_rt.utils.checks import positive_int
 
-# ModelConfig.from_pretrained's `model_impl`: "auto" runs a checkpoint natively when a
-# family names it, else through the fallback family; "native" and "transformers" force one.
-MODEL_IMPLS = ("auto", "native", "transformers")
+from .registry import fallback_family, family_for_hf, get_family, has_native_family
 
 
 @dataclass(frozen=True)
@@ -57,9 +56,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name))
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of "

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sarathi_rt.utils.checks import positive_int
+
 from .config import ModelConfig
 
 
@@ -31,8 +33,7 @@ class ParallelLayout:
     tp_root: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tp_size, int) or self.tp_size < 1:
-            raise ValueError(f"tp_size must be a positive int, got {self.tp_size!r}")
+        positive_int("tp_size", self.tp_size)
         if not isinstance(self.tp_rank, int) or not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank must be in [0, tp_size={self.tp_size}), got {self.tp_rank!r}")
         if not isinstance(self.layer_start, int) or self.layer_start < 0:

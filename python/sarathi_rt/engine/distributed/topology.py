@@ -8,6 +8,7 @@ from typing import Any
 
 from sarathi_rt.models import ModelConfig, ParallelLayout
 from sarathi_rt.models.parallel import stage_layers
+from sarathi_rt.utils.checks import positive_int
 
 
 @dataclass(frozen=True)
@@ -16,9 +17,8 @@ class Topology:
     pp: int
 
     def __post_init__(self) -> None:
-        for name, value in (("tensor_parallel_size", self.tp), ("pipeline_parallel_size", self.pp)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        positive_int("tensor_parallel_size", self.tp)
+        positive_int("pipeline_parallel_size", self.pp)
 
     @property
     def world_size(self) -> int:

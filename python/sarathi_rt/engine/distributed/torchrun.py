@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sarathi_rt.models import ResolvedModel, resolve_model
+from sarathi_rt.models import ResolvedModel, resolve_configured
 
 from sarathi_rt.config import EngineConfig
 from ..memory import CPU_FRACTION
@@ -80,7 +80,7 @@ def start(config: EngineConfig, model: ResolvedModel | None = None) -> TorchrunE
     """Join the job. Rank 0 gets the executor; every other rank serves steps until the
     driver shuts down, then ends its process (status 0; 1 after a failure). `model` is
     config.model already resolved (the engine's); None resolves it here."""
-    model = resolve_model(config.model) if model is None else model
+    model = resolve_configured(config) if model is None else model
     topo = Topology(config.tensor_parallel_size, config.pipeline_parallel_size)
     topo.check(model.config)
     world = int(os.environ["WORLD_SIZE"])
@@ -116,7 +116,7 @@ def _join(config: EngineConfig, model: ResolvedModel, topo: Topology) -> _Rank:
     store, rank, world = next(dist.rendezvous("env://", rank, topo.world_size, timeout=timeout))
     config = _driver_config(store, rank, config)
     if str(config.model) != model.name:  # this rank serves rank 0's model, named otherwise here
-        model = resolve_model(config.model)
+        model = resolve_configured(config)
     if config.device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
