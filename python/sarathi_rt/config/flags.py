@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sarathi_rt.utils.options import CHOICES, FLAG, HELP, METAVAR, PARSE
+from sarathi_rt.utils.options import CHOICES, FLAG, HELP, METAVAR, PARSE, read_json_file
 
 from .tree import SECTIONS, EngineConfig, field_names
 
@@ -61,13 +60,7 @@ def add_config_flags(parser: argparse.ArgumentParser, sections: Iterable[type] =
 
 def load_config_file(path: str) -> dict[str, Any]:
     """A JSON object of config fields; an unknown name is an error naming it."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise ValueError(f"--config {path!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--config {path!r} is not valid JSON: {exc}") from None
+    data = read_json_file("--config", path)
     if not isinstance(data, Mapping):
         raise ValueError(f"--config {path!r} must hold a JSON object of config fields")
     unknown = sorted(set(data) - field_names(*SECTIONS))

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sarathi_rt.utils.checks import boolean, fraction, positive_int, positive_number
-from sarathi_rt.utils.options import int_or_auto, option
+from sarathi_rt.utils.options import int_or_auto, option, read_json_file
 
-from .qos import QoSClass, check_qos_settings
+from .qos import QoSClass, check_qos_settings, qos_classes_from
 from .registry import get_policy
 
 # The token budget when none is given and no TBT SLO sizes the steps: the smallest step
@@ -56,18 +56,7 @@ def resolve_token_budget(token_budget: int | None, tbt_slo: float | None, policy
 
 def _load_qos_file(path: str) -> Mapping[str, QoSClass]:
     """--qos-classes FILE.json: {name: {"ttft": s, "tbt": s[, "priority": int]}}."""
-    import json
-
-    from .qos import qos_classes_from
-
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise ValueError(f"qos_classes {path!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"qos_classes {path!r} is not valid JSON: {exc}") from None
-    return qos_classes_from(data, "qos_classes")
+    return qos_classes_from(read_json_file("qos_classes", path), "qos_classes")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,7 @@ command-line flag parses a value. The config dataclasses declare their fields wi
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,3 +30,14 @@ def int_or_auto(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise ValueError(f"must be an int or 'auto', got {text!r}") from None
+
+
+def read_json_file(what: str, path: str) -> Any:
+    """A JSON file a setting names (`what`: the field or flag, as the error says it)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as exc:
+        raise ValueError(f"{what} {path!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} {path!r} is not valid JSON: {exc}") from None
