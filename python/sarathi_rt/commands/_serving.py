@@ -18,6 +18,7 @@ from sarathi_rt.config.tree import DEFAULT_MODEL, field_names
 from sarathi_rt.harness.step_timing import engine_slo_budget
 from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics
 from sarathi_rt.scheduler import available_policies, get_policy
+from sarathi_rt.scheduler.config import READ_ONLY_BY
 from sarathi_rt.scheduler.qos import qos_classes_from
 from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
 from sarathi_rt.sim.budget import choose_token_budget, loaded_curve
@@ -104,7 +105,6 @@ def resolve_flags(args: argparse.Namespace) -> str:
         unread += [flag_name(n) for n in (*SIMULATOR_FLAGS, "qos_mix") if getattr(args, n, None) is not None]
         if args.policy != args.default_policies:
             unread.append("--policy")
-        args.policy = "endpoint"
     if unread:
         what = {"engine": "the engine (they need --simulate or --endpoint)",
                 "simulator": "the simulator" + (" with a --step-profile" if getattr(args, "step_profile", None) else ""),
@@ -180,15 +180,14 @@ def policy_options(args: argparse.Namespace, policy: str, workload: Sequence[Req
     policy_cls = get_policy(policy)
     budget = policy_budget(args, policy)
     options |= {"policy": policy, "token_budget": budget.token_budget, "tbt_slo": budget.tbt_slo}
+    for name, reads in READ_ONLY_BY.items():
+        if not getattr(policy_cls, reads):
+            options.pop(name, None)
     if not policy_cls.chunked:
-        options.pop("chunk_size", None)
         options["token_budget"] = max(budget.token_budget,
                                       max(r.num_prompt_tokens + r.num_decode_tokens for r in workload))
-    if not policy_cls.adaptive:
-        for name in ("long_prefill_threshold", "slo_margin", "qos_srpf_weight"):
-            options.pop(name, None)
-        if args.qos_classes is not None:
-            options["qos_policy"] = "fcfs"
+    if not policy_cls.adaptive and args.qos_classes is not None:
+        options["qos_policy"] = "fcfs"
     if args.qos_classes is not None:
         options["qos_classes"] = args.qos_classes
     return options
@@ -333,9 +332,8 @@ def fill_defaults(args: argparse.Namespace, **by_mode: tuple[object, object]) ->
         args.budget_rule_chosen = check_budget_flags(args, args.options.get("token_budget"), args.tbt_slo)
         if args.budget_rule is not None and not any(get_policy(p).adaptive for p in policies):
             raise ValueError(f"--budget-rule {args.budget_rule} is not supported by policy {args.policy!r}")
-        for name, needs in (("chunk_size", "chunked"), ("long_prefill_threshold", "adaptive"),
-                            ("slo_margin", "adaptive"), ("qos_srpf_weight", "adaptive")):
-            if name in args.options and not any(getattr(get_policy(p), needs) for p in policies):
+        for name, reads in READ_ONLY_BY.items():
+            if name in args.options and not any(getattr(get_policy(p), reads) for p in policies):
                 raise ValueError(f"{flag_name(name)} is not used by policy {args.policy!r}")
     args.slo_static_budget = None
     for name, (engine_default, sim_default) in by_mode.items():

@@ -41,6 +41,13 @@ DEFAULT_SRPF_WEIGHT = 1.0
 DEFAULT_MAX_NUM_SEQS = 128
 
 
+# The settings only some policies read, by the policy-class flag that says which:
+# SchedulingOptions refuses them for any other policy, and a run comparing several
+# policies (bench, capacity) gives each policy only the ones it reads.
+READ_ONLY_BY = {"chunk_size": "chunked", "long_prefill_threshold": "adaptive", "slo_margin": "adaptive",
+                "qos_srpf_weight": "adaptive"}
+
+
 def resolve_token_budget(token_budget: int | None, tbt_slo: float | None, policy: str, *, gpu: bool) -> int:
     """The one token budget rule, for every entry point: a given budget is the budget
     (the cap, under a TBT SLO); without one, a policy that sizes steps to the SLO
