@@ -10,6 +10,7 @@ import pytest
 from hf_models import HFModel, build
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.cli import main
+from sarathi_rt.config.tree import DEFAULT_MODEL
 from sarathi_rt.engine import AsyncLLMEngine
 
 PROMPTS = [[5, 6, 7], list(range(10, 40)), [9], list(range(100, 117))]
@@ -130,3 +131,20 @@ def test_cli_generate(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--model", "tiny", "--prompt", "hi", "--num-kv-blocks", "16"]) == 2
     assert "tokenizer" in capsys.readouterr().err
     assert main(["generate", "--model", "nonexistent-preset"]) == 2
+
+
+@pytest.mark.slow  # three loads of the real model
+def test_cli_generate_text_with_the_default_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """With no --model, a text prompt is the user's turn in SmolLM2's chat template (raw, the
+    instruct model tends to end its turn at once); --raw sends the text itself."""
+    question = "What is the capital of France?"
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    with LLM(DEFAULT_MODEL) as llm:
+        chat = llm.chat([{"role": "user", "content": question}], params)[0]
+        raw = llm.generate(question, params)[0]
+    assert main(["generate", "--prompt", question, "--max-tokens", "4"]) == 0
+    text = capsys.readouterr().out
+    assert len(chat.token_ids) == 4 and f"ids: {' '.join(map(str, chat.token_ids))}" in text
+    assert main(["generate", "--prompt", question, "--max-tokens", "4", "--raw"]) == 0
+    assert f"ids: {' '.join(map(str, raw.token_ids))}" in capsys.readouterr().out
+    assert chat.prompt_token_ids != raw.prompt_token_ids

@@ -1,14 +1,20 @@
 """`sarathi-rt generate`: complete prompts with a model and print what was generated,
-streaming tokens as they come."""
+streaming tokens as they come. A text prompt is the user's message in the model's chat
+template when the model has one (the default model is an instruct model: fed raw text it
+often answers with an end of turn at once); `--raw` sends the text as it is."""
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from sarathi_rt.config.flags import add_config_flags, given_options
 from sarathi_rt.config.tree import DEFAULT_MODEL
 from sarathi_rt.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from sarathi_rt.llm import LLM, Prompt
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -17,6 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt-ids", type=int, nargs="+", metavar="ID", help="one prompt as token ids")
     src.add_argument("--prompt", action="append", help="a text prompt (needs the model's tokenizer); repeat for "
                                                        "several")
+    p.add_argument("--raw", action="store_true", help="send --prompt text as it is, not as a user message in the "
+                                                      "model's chat template")
     s = p.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=int, default=32)
     s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
@@ -33,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, ignore_eos=args.ignore_eos)
-        prompts = args.prompt if args.prompt else [args.prompt_ids or [1]]
         llm = LLM(**{"model": DEFAULT_MODEL} | given_options(args))
+        prompts = _prompts(args, llm)
         start = time.perf_counter()
         if len(prompts) == 1:  # stream the tokens as they come
             outs = []
@@ -58,3 +66,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"{len(steps)} steps, {sum(s.num_tokens for s in steps)} tokens through the model in {elapsed:.2f} s")
     return 0
 
+
+
+def _prompts(args: argparse.Namespace, llm: LLM) -> list[Prompt]:
+    """The prompts to run: token ids as given, text wrapped in the chat template unless
+    --raw or the model has none."""
+    if not args.prompt:
+        return [args.prompt_ids or [1]]
+    tokenizer = llm.tokenizer
+    if args.raw or tokenizer is None or tokenizer.chat_template is None:
+        return args.prompt
+    return [tokenizer.apply_chat_template([{"role": "user", "content": text}]) for text in args.prompt]
