@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from gguf_models import Q, write_model_gguf
+from hf_models import greedy
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.models import LlamaForCausalLM, ModelConfig, ParallelLayout, load_model, resolve_model
 from sarathi_rt.models.families.transformers_backend import TransformersCausalLM
@@ -55,16 +56,9 @@ def _save(path: Path, **kwargs: object) -> object:
     return model
 
 
-@torch.no_grad()
-def _generate(model: object, prompt: list[int], max_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
-                         pad_token_id=0, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
-
-
 def _greedy(llm: LLM, prompts: list[list[int]], max_tokens: int = MAX_TOKENS) -> list[list[int]]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    """The engine's greedy continuations, stopping at eos as transformers' do (`greedy`)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     return [out.token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
 
 
@@ -75,7 +69,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ob
     built = {}
     for case, kwargs in CASES.items():
         model = _save(root / case, **kwargs)
-        built[case] = (root / case, model, [_generate(model, p, MAX_TOKENS) for p in PROMPTS])
+        built[case] = (root / case, model, [greedy(model, p, MAX_TOKENS) for p in PROMPTS])
     return built
 
 
@@ -155,7 +149,7 @@ def test_gguf_of_qwen3_loads_the_weights_the_file_holds(tmp_path: Path) -> None:
     for (name, a), (_, b) in zip(ours.named_parameters(), ref.named_parameters(), strict=True):
         assert torch.equal(a, b), name
     with LLM(str(tmp_path / "q.gguf"), token_budget=16, chunk_size=8, dtype="float32") as llm:
-        assert _greedy(llm, PROMPTS[1:3]) == [_generate(model, p, MAX_TOKENS) for p in PROMPTS[1:3]]
+        assert _greedy(llm, PROMPTS[1:3]) == [greedy(model, p, MAX_TOKENS) for p in PROMPTS[1:3]]
 
 
 @pytest.mark.parametrize("rank", [0, 1])
