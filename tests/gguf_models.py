@@ -103,7 +103,7 @@ _NAMES = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "o
 _LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm"}
+                "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 
 
 def gguf_name(hf_name: str) -> str:
@@ -131,7 +131,10 @@ def write_model_gguf(path: Path, config: Any, state: dict[str, np.ndarray], qtyp
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
     w.add_rope_freq_base(config.rope_parameters["rope_theta"] if hasattr(config, "rope_parameters")
                          and config.rope_parameters else config.rope_theta)
-    w.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(config.vocab_size)
     add_tokenizer(w)
     stored: dict[str, np.ndarray] = {}

@@ -92,13 +92,14 @@ QUICK = {"qwen3", "phi3", "olmo2", "granite", "gpt_neox", "gemma", "mixtral", "q
 def test_greedy_matches_transformers_generate(name: str, tmp_path: Path) -> None:
     """Prompts of 1-40 tokens in one batch, split into chunks of 8 under a budget of 16
     (so prefill chunks ride with decodes), run twice with prefix caching on: the second
-    run starts from cached blocks."""
+    run starts from cached blocks. Forced through the backend: Qwen3 has a native family
+    (tests/test_qwen3.py compares the two)."""
     model = _save(tmp_path, name, *ARCHITECTURES[name])
-    resolved = resolve_model(tmp_path / name)
+    resolved = resolve_model(tmp_path / name, model_impl="transformers")
     assert resolved.family.name == "transformers"
     prompts = _prompts(1, [1, 5, 17, 40])
     expected = [_generate(model, p, 6) for p in prompts]
-    with LLM(str(tmp_path / name), token_budget=16, chunk_size=8, dtype="float32",
+    with LLM(str(tmp_path / name), model_impl="transformers", token_budget=16, chunk_size=8, dtype="float32",
              enable_prefix_caching=True) as llm:
         assert isinstance(llm.engine.executor.worker.model, TransformersCausalLM)
         assert _greedy(llm, prompts, 6) == expected
@@ -205,8 +206,8 @@ def _write_config(path: Path, config: dict) -> Path:
 
 
 @pytest.mark.parametrize("config, error", [
-    ({"model_type": "qwen3", **SHAPE}, r"names no `architectures`"),
-    ({"architectures": ["NoSuchForCausalLM"], "model_type": "qwen3", **SHAPE},
+    ({"model_type": "olmo2", **SHAPE}, r"names no `architectures`"),
+    ({"architectures": ["NoSuchForCausalLM"], "model_type": "olmo2", **SHAPE},
      r"'NoSuchForCausalLM' is unknown to transformers .* ships no AutoModelForCausalLM code"),
     ({"architectures": ["NoSuchForCausalLM"], "model_type": "no_such_type"}, r"transformers cannot read"),
     ({"architectures": ["BertForMaskedLM"], "model_type": "bert"}, r"'BertForMaskedLM' is not a causal language"),
@@ -267,13 +268,13 @@ def test_a_sliding_window_is_planned_and_parallelism_is_refused(llama: tuple[Pat
 _PEAK_PROBE = """
 import json, sys, threading, time
 import torch
-from sarathi_rt.models import load_model
+from sarathi_rt.models import load_model, resolve_model
 
 def anon():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("RssAnon")) / 1024
 
-load_model(sys.argv[2], dtype="bfloat16")  # a tiny one first: imports and one-off set-up are not weights
+load_model(resolve_model(sys.argv[2], model_impl="transformers"), dtype="bfloat16")  # a tiny one first: imports and one-off set-up are not weights
 start, peak, done = anon(), [0.0], threading.Event()
 def sample():
     while not done.is_set():
@@ -281,7 +282,7 @@ def sample():
         time.sleep(0.001)
 thread = threading.Thread(target=sample)
 thread.start()
-model = load_model(sys.argv[1], dtype="bfloat16")
+model = load_model(resolve_model(sys.argv[1], model_impl="transformers"), dtype="bfloat16")
 done.set()
 thread.join()
 weights = sum(p.numel() * p.element_size() for p in model.hf.parameters()) / 2**20

@@ -24,7 +24,7 @@ SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atte
              num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
 # HF architecture -> (its transformers config class, the family it is)
 BUILT_IN = {"LlamaForCausalLM": ("LlamaConfig", "llama"), "MistralForCausalLM": ("MistralConfig", "mistral"),
-            "Qwen2ForCausalLM": ("Qwen2Config", "qwen2")}
+            "Qwen2ForCausalLM": ("Qwen2Config", "qwen2"), "Qwen3ForCausalLM": ("Qwen3Config", "qwen3")}
 
 
 class ToyForCausalLM(LlamaForCausalLM):
@@ -42,7 +42,9 @@ def toy_family(monkeypatch: pytest.MonkeyPatch) -> Family:
 def test_the_built_in_families_are_registered() -> None:
     assert available_architectures() == sorted(BUILT_IN)
     assert family_for_gguf("llama").name == "llama" and family_for_gguf("qwen2").name == "qwen2"
-    assert family_for_gguf("llama").gguf_rope_permuted and not family_for_gguf("qwen2").gguf_rope_permuted
+    assert family_for_gguf("qwen3").name == "qwen3"
+    assert family_for_gguf("llama").gguf_rope_permuted
+    assert not family_for_gguf("qwen2").gguf_rope_permuted and not family_for_gguf("qwen3").gguf_rope_permuted
 
 
 @pytest.mark.parametrize("architecture", sorted(BUILT_IN))
@@ -57,7 +59,7 @@ def test_each_registered_architecture_resolves(architecture: str, tmp_path: Path
 
 
 def test_an_unknown_architecture_is_a_named_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM.*MistralForCausalLM.*Qwen2ForCausalLM"):
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM.*MistralForCausalLM.*Qwen2ForCausalLM.*Qwen3ForCausalLM"):
         ModelConfig.from_hf_dict({**SHAPE, "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
     # From a checkpoint directory, an architecture no native family runs goes to the
     # transformers backend (tests/test_hf_backend.py), and "native" refuses it by name.
@@ -67,10 +69,10 @@ def test_an_unknown_architecture_is_a_named_error(tmp_path: Path) -> None:
         resolve_model(tmp_path, model_impl="native")
     with pytest.raises(ValueError, match=r"FalconForCausalLM computes attention in its own code"):
         resolve_model(tmp_path)
-    with pytest.raises(ValueError, match=r"unsupported architecture 'bert'.*\['llama', 'qwen2'\]"):
+    with pytest.raises(ValueError, match=r"unsupported architecture 'bert'.*\['llama', 'qwen2', 'qwen3'\]"):
         family_for_gguf("bert")
     with pytest.raises(ValueError,
-                       match=r"model_type must be one of \['llama', 'mistral', 'qwen2', 'transformers'\], got 'gpt2'"):
+                       match=r"model_type must be one of \['llama', 'mistral', 'qwen2', 'qwen3', 'transformers'\], got 'gpt2'"):
         ModelConfig(**SHAPE, model_type="gpt2")
 
 

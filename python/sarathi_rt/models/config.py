@@ -112,6 +112,11 @@ class ModelConfig:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
+    def qk_norm(self) -> bool:
+        """Whether q and k pass a per-head RMSNorm before rotary (a fact of the family)."""
+        return get_family(self.model_type).qk_norm
+
+    @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim
 
@@ -128,9 +133,10 @@ class ModelConfig:
         if not (window and (d.get("use_sliding_window") or family.always_sliding)):
             window = None
         layer_types = d.get("layer_types")
-        if window is not None and layer_types is None and d.get("max_window_layers") is not None:
+        max_window_layers = d.get("max_window_layers", family.max_window_layers)
+        if window is not None and layer_types is None and max_window_layers is not None:
             # Qwen2's spelling: the layers from max_window_layers on slide, those before attend fully.
-            layer_types = ["sliding_attention" if i >= d["max_window_layers"] else "full_attention"
+            layer_types = ["sliding_attention" if i >= max_window_layers else "full_attention"
                            for i in range(d["num_hidden_layers"])]
         # transformers 5 folds rope_theta/rope_scaling into rope_parameters.
         rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
@@ -200,6 +206,8 @@ class ModelConfig:
             d["use_sliding_window"] = True
             if self.layer_types is not None:
                 d["layer_types"] = list(self.layer_types)
+            elif family.max_window_layers is not None:
+                d["max_window_layers"] = 0  # every layer slides, whatever the family's default says
         for name in ("attn_logit_softcapping", "query_pre_attn_scalar"):
             if getattr(self, name) is not None:
                 d[name] = getattr(self, name)

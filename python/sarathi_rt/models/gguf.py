@@ -28,6 +28,9 @@ _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"
           "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
           "ffn_down": "mlp.down_proj"}
+# Only in the files of families with q/k norms (llama.cpp's "qwen3"): elsewhere they
+# have no place.
+_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -74,9 +77,11 @@ def hf_name(file: GGUFFile, name: str) -> str:
     if name in _GLOBAL:
         return _GLOBAL[name]
     m = _BLOCK.fullmatch(name)
-    if m is None or m.group(2) not in _LAYER:
-        raise ValueError(f"{file.name!r}: tensor {name!r} has no place in a LLaMA model")
-    return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
+    family = _family(file)
+    layer = {**_LAYER, **_QK_NORMS} if family.qk_norm else _LAYER
+    if m is None or m.group(2) not in layer:
+        raise ValueError(f"{file.name!r}: tensor {name!r} has no place in a {family.name} model")
+    return f"model.layers.{m.group(1)}.{layer[m.group(2)]}.{m.group(3)}"
 
 
 def _rope_rows(rows: int, heads: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from torch import nn
 
 from sarathi_rt import ops
 from sarathi_rt.ops._registry import KERNELS
-from sarathi_rt.ops.attention import run_attention
+from sarathi_rt.ops.attention import check_head_dim, run_attention
 from sarathi_rt.ops.linear import apply_linear
 from sarathi_rt.utils.nvtx import nvtx_detail_range
 
@@ -71,6 +71,16 @@ class Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+def _norm_heads(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """`norm` applied to each head of x [tokens, heads, head_dim] on its own. x is a
+    strided view of the fused qkv, which no single row stride describes, so the rows are
+    copied out first; the result is contiguous."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.empty_like(rows)
+    KERNELS.rms_norm_out(rows, None, norm.weight, norm.eps, out, None)
+    return out.view(x.shape)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int, shard: BoundLayout, dtype: torch.dtype,
                  device: torch.device | str) -> None:
@@ -83,6 +93,10 @@ class Attention(nn.Module):
         self.softcap = config.attn_logit_softcapping or 0.0
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, device)
         self.o_proj = Linear(self.q_size, config.hidden_size, config.o_bias, dtype, device, reduce=shard)
+        # Per-head RMSNorm of q and k before rotary, where the family has it (Qwen3). The
+        # weight spans one head, so every tensor-parallel rank holds all of it.
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype, device) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype, device) if config.qk_norm else None
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
@@ -94,6 +108,8 @@ class Attention(nn.Module):
         q = qkv[:, :self.q_size].view(tokens, self.num_heads, self.head_dim)
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, self.num_kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = _norm_heads(self.q_norm, q), _norm_heads(self.k_norm, k)
         KERNELS.rotary_embedding(ctx.positions, q, k, cos_sin)
         # The slots come from the engine's own block tables: no per-layer wait on the GPU.
         KERNELS.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping, sync_check=False)
@@ -151,6 +167,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.dtype = dtype
         self.shard = (layout or ParallelLayout()).bind(config)
+        check_head_dim(config.head_dim, device)
         hidden = config.hidden_size
         needs_embed = self.shard.is_first or (self.shard.is_last and config.tie_word_embeddings)
         vocab = len(self.shard.vocab)  # this rank's slice of the vocabulary

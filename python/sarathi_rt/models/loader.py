@@ -48,6 +48,8 @@ def _targets(model: LlamaForCausalLM, name: str) -> list[tuple[torch.Tensor, tup
     simple = {"input_layernorm.weight": layer.input_layernorm.weight,
               "post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
               "self_attn.o_proj.bias": attn.o_proj.bias, "mlp.down_proj.bias": mlp.down_proj.bias}
+    if attn.q_norm is not None and attn.k_norm is not None:
+        simple.update({"self_attn.q_norm.weight": attn.q_norm.weight, "self_attn.k_norm.weight": attn.k_norm.weight})
     if rest in simple and simple[rest] is not None:
         return [(simple[rest], (ALL,))]
     if rest == "self_attn.o_proj.weight":
@@ -184,6 +186,9 @@ def hf_tensor_shapes(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]
             yield p + f"self_attn.{part}_proj.weight", (rows, h)
             if config.qkv_bias:
                 yield p + f"self_attn.{part}_proj.bias", (rows,)
+        if config.qk_norm:
+            yield p + "self_attn.q_norm.weight", (config.head_dim,)
+            yield p + "self_attn.k_norm.weight", (config.head_dim,)
         yield p + "self_attn.o_proj.weight", (h, config.q_size)
         if config.o_bias:
             yield p + "self_attn.o_proj.bias", (h,)

@@ -23,6 +23,10 @@ class Family:
     rather than the config's `attention_bias` (Qwen2 always biases q/k/v, never o).
     `gguf_rope_permuted`: llama.cpp's converter interleaved the q/k rows' rotary halves.
     `always_sliding`: a config's `sliding_window` applies without `use_sliding_window`.
+    `max_window_layers`: the family's HF default for the config field of that name (the
+    layers before it attend fully when the config lists no `layer_types`), used when a
+    config leaves it out. `qk_norm`: q and k pass a per-head RMSNorm (weight of size
+    head_dim) before rotary (Qwen3); the HF tensors are `self_attn.q_norm` / `k_norm`.
 
     `read_config` marks the fallback family (at most one): it runs any HF checkpoint
     whose architectures no other family names, reading the checkpoint directory itself
@@ -38,6 +42,8 @@ class Family:
     fixed_bias: tuple[bool, bool] | None = None
     gguf_rope_permuted: bool = False
     always_sliding: bool = False
+    max_window_layers: int | None = None
+    qk_norm: bool = False
     read_config: Callable[..., Any] | None = None
     load_weights: Callable[..., None] | None = None
 

@@ -86,10 +86,9 @@ def hybrid_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"q has head_dim {head_dim} but k_cache has head_dim {k.shape[3]}")
     if num_q_heads % num_kv_heads != 0:
         raise ValueError(f"q has {num_q_heads} heads, not a multiple of k_cache's {num_kv_heads} KV heads")
-    if q.device.type == "cpu" and head_dim > MAX_CPU_HEAD_DIM:
-        raise ValueError(f"Unsupported head_dim: {head_dim} (the CPU kernel takes up to {MAX_CPU_HEAD_DIM})")
+    check_head_dim(head_dim, q.device)
     if q.device.type == "cuda":
-        _check_cuda_inputs(q, head_dim)
+        _check_cuda_inputs(q)
         for name, cache in (("k_cache", k), ("v_cache", v)):
             if cache.data_ptr() % 16 != 0:
                 raise ValueError(f"{name} must be 16-byte aligned on CUDA")
@@ -157,11 +156,20 @@ def _check_aligned(name: str, t: torch.Tensor) -> None:
                          f"elements on CUDA, got strides {t.stride()}")
 
 
-def _check_cuda_inputs(q: torch.Tensor, head_dim: int) -> None:
+def check_head_dim(head_dim: int, device: torch.device | str) -> None:
+    """Raise ValueError unless the attention kernel on `device` takes `head_dim`; a
+    model checks this when it is built, so a config the kernel cannot run fails before
+    any weight is read."""
+    kind = torch.device(device).type
+    if kind == "cpu" and head_dim > MAX_CPU_HEAD_DIM:
+        raise ValueError(f"Unsupported head_dim: {head_dim} (the CPU kernel takes up to {MAX_CPU_HEAD_DIM})")
+    if kind == "cuda" and head_dim not in CUDA_HEAD_DIMS:
+        raise ValueError(f"Unsupported head_dim: {head_dim} (the CUDA kernel supports {CUDA_HEAD_DIMS})")
+
+
+def _check_cuda_inputs(q: torch.Tensor) -> None:
     if q.dtype not in _CUDA_FLOATS:
         raise TypeError(f"q must have dtype float16 or bfloat16 on CUDA, got {str(q.dtype).removeprefix('torch.')}")
-    if head_dim not in CUDA_HEAD_DIMS:
-        raise ValueError(f"Unsupported head_dim: {head_dim} (the CUDA kernel supports {CUDA_HEAD_DIMS})")
     _check_aligned("q", q)
 
 
