@@ -13,69 +13,116 @@ namespace {
 // Below this many elements the OpenMP fork costs more than the work.
 constexpr int64_t kParallelElems = 1 << 14;
 
-template <typename T>
-T round_to(float x) {
-  return cpu::from_float<T>(x);
+template <int W>
+using vec = cpu::vec<W>;
+
+// One token row of rms_norm, at the level's register width W. The (rounded) sum is the
+// new residual and what gets normalized, as in HF, where `hidden = hidden + residual`
+// happens in the storage dtype; the normalized value is rounded to the storage dtype
+// before the weight multiplies it, as HF's cast does. Whole vectors first, then the tail
+// on its own (see silu_and_mul_row). The sum of squares runs per lane then through
+// reduce_add's fixed tree, so a row's result does not depend on the rows beside it.
+template <typename T, int W>
+SRT_SIMD_INLINE void rms_norm_row(const RMSNormParams& p, int64_t t) {
+  const int64_t H = p.hidden, full = H - H % W, tail = H - full;
+  const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
+  const T* w = static_cast<const T*>(p.weight);
+  T* out = static_cast<T*>(p.out) + t * p.out_stride;
+  const T* src = x;
+  if (p.residual != nullptr) {
+    const T* res = static_cast<const T*>(p.residual) + t * p.residual_stride;
+    T* res_out = static_cast<T*>(p.residual_out) + t * p.residual_out_stride;
+    for (int64_t i = 0; i < full; i += W) cpu::store_as<T, W>(res_out + i, cpu::load<W>(x + i) + cpu::load<W>(res + i));
+    if (tail > 0) {
+      const vec<W> sum = cpu::load_partial<W>(x + full, tail) + cpu::load_partial<W>(res + full, tail);
+      cpu::store_row<T, W>(res_out, full, H, sum);
+    }
+    src = res_out;
+  }
+  vec<W> sum_sq{};
+  for (int64_t i = 0; i < full; i += W) {
+    const vec<W> v = cpu::load<W>(src + i);
+    sum_sq += v * v;
+  }
+  if (tail > 0) {
+    const vec<W> v = cpu::load_partial<W>(src + full, tail);
+    sum_sq += v * v;
+  }
+  const float inv_rms = 1.0f / std::sqrt(cpu::reduce_add<W>(sum_sq) / static_cast<float>(H) + p.eps);
+  for (int64_t i = 0; i < full; i += W) {
+    cpu::store_as<T, W>(out + i, cpu::round_to<T, W>(cpu::load<W>(src + i) * inv_rms) * cpu::load<W>(w + i));
+  }
+  if (tail > 0) {
+    const vec<W> normed = cpu::round_to<T, W>(cpu::load_partial<W>(src + full, tail) * inv_rms);
+    cpu::store_row<T, W>(out, full, H, normed * cpu::load_partial<W>(w + full, tail));
+  }
 }
 
+template <typename T>
+using RMSNormRowFn = void (*)(const RMSNormParams&, int64_t);
+template <typename T>
+SRT_TARGET_V4 void rms_norm_row_v4(const RMSNormParams& p, int64_t t) { rms_norm_row<T, cpu::kWidthV4>(p, t); }
+template <typename T>
+SRT_TARGET_V3 void rms_norm_row_v3(const RMSNormParams& p, int64_t t) { rms_norm_row<T, cpu::kWidthV3>(p, t); }
+template <typename T>
+void rms_norm_row_base(const RMSNormParams& p, int64_t t) { rms_norm_row<T, cpu::kWidthBase>(p, t); }
+
+// The level is picked outside the OpenMP loop (why: see silu_and_mul_row).
 template <typename T>
 void rms_norm_rows(const RMSNormParams& p) {
-  const auto* x = static_cast<const T*>(p.x);
-  const auto* res = static_cast<const T*>(p.residual);
-  const auto* w = static_cast<const T*>(p.weight);
-  auto* out = static_cast<T*>(p.out);
-  auto* res_out = static_cast<T*>(p.residual_out);
-  const int64_t H = p.hidden;
-#pragma omp parallel for schedule(static) if (p.num_tokens * H > kParallelElems)
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const T* xr = x + t * p.x_stride;
-    T* outr = out + t * p.out_stride;
-    // The (rounded) sum is the new residual and what gets normalized, as in HF, where
-    // `hidden = hidden + residual` happens in the storage dtype.
-    const T* src = xr;
-    if (res != nullptr) {
-      const T* rr = res + t * p.residual_stride;
-      T* ro = res_out + t * p.residual_out_stride;
-      for (int64_t i = 0; i < H; ++i) ro[i] = round_to<T>(cpu::to_float(xr[i]) + cpu::to_float(rr[i]));
-      src = ro;
-    }
-    float sum_sq = 0.0f;
-#pragma omp simd reduction(+ : sum_sq)
-    for (int64_t i = 0; i < H; ++i) {
-      const float v = cpu::to_float(src[i]);
-      sum_sq += v * v;
-    }
-    const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(H) + p.eps);
-    for (int64_t i = 0; i < H; ++i) {
-      const float normed = cpu::to_float(round_to<T>(cpu::to_float(src[i]) * inv_rms));
-      outr[i] = round_to<T>(normed * cpu::to_float(w[i]));
-    }
+  const RMSNormRowFn<T> row =
+      cpu::pick_isa<RMSNormRowFn<T>>(rms_norm_row_v4<T>, rms_norm_row_v3<T>, rms_norm_row_base<T>);
+#pragma omp parallel for schedule(static) if (p.num_tokens * p.hidden > kParallelElems)
+  for (int64_t t = 0; t < p.num_tokens; ++t) row(p, t);
+}
+
+// Both halves of a head (x1 = x[i..], x2 = x[half + i..]) rotated in place, each value
+// rounded once: (x1 cos - x2 sin, x2 cos + x1 sin). Whole vectors, then the tail.
+template <typename T, int W>
+SRT_SIMD_INLINE void rotate_head(T* x, const float* cos, const float* sin, int64_t half) {
+  const int64_t full = half - half % W, tail = half - full;
+  for (int64_t i = 0; i < full; i += W) {
+    const vec<W> x1 = cpu::load<W>(x + i), x2 = cpu::load<W>(x + half + i);
+    const vec<W> c = cpu::load<W>(cos + i), s = cpu::load<W>(sin + i);
+    cpu::store_as<T, W>(x + i, x1 * c - x2 * s);
+    cpu::store_as<T, W>(x + half + i, x2 * c + x1 * s);
+  }
+  if (tail > 0) {
+    const vec<W> x1 = cpu::load_partial<W>(x + full, tail), x2 = cpu::load_partial<W>(x + half + full, tail);
+    const vec<W> c = cpu::load_partial<W>(cos + full, tail), s = cpu::load_partial<W>(sin + full, tail);
+    cpu::store_row<T, W>(x, full, half, x1 * c - x2 * s);
+    cpu::store_row<T, W>(x + half, full, half, x2 * c + x1 * s);
   }
 }
 
-template <typename T>
-void rotate_head(T* x, const float* cos, const float* sin, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float x1 = cpu::to_float(x[i]);
-    const float x2 = cpu::to_float(x[i + half]);
-    x[i] = round_to<T>(x1 * cos[i] - x2 * sin[i]);
-    x[i + half] = round_to<T>(x2 * cos[i] + x1 * sin[i]);
-  }
+// Every q and k head of token t, at the level's register width W.
+template <typename T, int W>
+SRT_SIMD_INLINE void rotary_token(const RotaryParams& p, int64_t t) {
+  const int64_t half = p.rotary_dim / 2;
+  const float* cos = p.cos_sin_cache + p.positions[t] * p.rotary_dim;
+  const float* sin = cos + half;
+  T* q = static_cast<T*>(p.q) + t * p.q_token_stride;
+  T* k = static_cast<T*>(p.k) + t * p.k_token_stride;
+  for (int64_t h = 0; h < p.num_q_heads; ++h) rotate_head<T, W>(q + h * p.q_head_stride, cos, sin, half);
+  for (int64_t h = 0; h < p.num_kv_heads; ++h) rotate_head<T, W>(k + h * p.k_head_stride, cos, sin, half);
 }
+
+template <typename T>
+using RotaryTokenFn = void (*)(const RotaryParams&, int64_t);
+template <typename T>
+SRT_TARGET_V4 void rotary_token_v4(const RotaryParams& p, int64_t t) { rotary_token<T, cpu::kWidthV4>(p, t); }
+template <typename T>
+SRT_TARGET_V3 void rotary_token_v3(const RotaryParams& p, int64_t t) { rotary_token<T, cpu::kWidthV3>(p, t); }
+template <typename T>
+void rotary_token_base(const RotaryParams& p, int64_t t) { rotary_token<T, cpu::kWidthBase>(p, t); }
 
 template <typename T>
 void rotary_rows(const RotaryParams& p) {
-  auto* q = static_cast<T*>(p.q);
-  auto* k = static_cast<T*>(p.k);
-  const int64_t half = p.rotary_dim / 2;
   const int64_t work = p.num_tokens * (p.num_q_heads + p.num_kv_heads) * p.rotary_dim;
+  const RotaryTokenFn<T> token = cpu::pick_isa<RotaryTokenFn<T>>(rotary_token_v4<T>, rotary_token_v3<T>,
+                                                                rotary_token_base<T>);
 #pragma omp parallel for schedule(static) if (work > kParallelElems)
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const float* cos = p.cos_sin_cache + p.positions[t] * p.rotary_dim;
-    const float* sin = cos + half;
-    for (int64_t h = 0; h < p.num_q_heads; ++h) rotate_head(q + t * p.q_token_stride + h * p.q_head_stride, cos, sin, half);
-    for (int64_t h = 0; h < p.num_kv_heads; ++h) rotate_head(k + t * p.k_token_stride + h * p.k_head_stride, cos, sin, half);
-  }
+  for (int64_t t = 0; t < p.num_tokens; ++t) token(p, t);
 }
 
 // silu(g) = g * sigmoid(g), with sigmoid from one 2^x of a non-positive argument
