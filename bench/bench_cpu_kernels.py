@@ -18,7 +18,8 @@ With --baseline (another checkout's python/ directory, built in place) only the 
 own level runs, in `pairs` pairs of fresh processes alternating which goes first, and
 each kernel prints both medians and the median of the pairs' ratios (this VM's speed
 drifts by up to 2x within minutes; only a comparison in the same minutes means anything).
---smoke runs a few calls and checks that every level's outputs agree with the CPU's own
+SARATHI_RT_CPU_ISA caps the levels run (and so picks the level an A/B runs at). --smoke
+runs a few calls and checks that every level's outputs agree with the CPU's own
 level's within two roundings to the storage dtype.
 """
 from __future__ import annotations
@@ -49,6 +50,7 @@ DECODE_CONTEXT, BLOCK_SIZE = 300, 16
 # Two roundings to the storage dtype, relative: how far two levels' outputs may drift
 # apart (their sums of squares and dot products add in different orders).
 AGREE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+KERNEL_NAMES = ["rms_norm+residual", "rotary", "write_kv", "silu_and_mul", "attention"]  # attention: decodes only
 
 
 def kernels(tokens: int, dtype: torch.dtype, seed: int) -> dict[str, tuple[Callable[[], None], torch.Tensor]]:
@@ -102,7 +104,8 @@ def us_per_call(fn: Callable[[], None], iters: int) -> float:
 def measure(args: argparse.Namespace, levels: list[str]) -> dict[str, dict[str, float]]:
     """{"kernel T=tokens": {level: median us per call}}, the levels taking turns."""
     dtype = DTYPES[args.dtype]
-    cases = {t: kernels(t, dtype, args.seed) for t in args.tokens}
+    cases = {t: {name: call for name, call in kernels(t, dtype, args.seed).items() if name in args.kernels}
+             for t in args.tokens}
     before = _C.cpu_isa()
     samples: dict[str, dict[str, list[float]]] = {}
     try:
@@ -143,7 +146,7 @@ def level_disagreement(args: argparse.Namespace, levels: list[str]) -> float:
 
 def compare_builds(args: argparse.Namespace) -> None:
     child_args = ["--json", "--native-only", "--threads", str(args.threads), "--dtype", args.dtype, "--iters", str(args.iters), "--rounds",
-                  str(args.rounds), "--tokens", *map(str, args.tokens)]
+                  str(args.rounds), "--tokens", *map(str, args.tokens), "--kernels", *args.kernels]
     load_before = os.getloadavg()
     runs = run_pairs(__file__, child_args, args.baseline, args.pairs)
     print(f"{args.pairs} pairs of processes, {args.dtype}, level {_C.cpu_isa()}; baseline {args.baseline}, "
@@ -165,6 +168,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=200, help="calls per timing")
     parser.add_argument("--rounds", type=int, default=5, help="timings per kernel and level (medians)")
     parser.add_argument("--tokens", nargs="+", type=int, default=[64, 512])
+    parser.add_argument("--kernels", nargs="+", choices=KERNEL_NAMES, default=KERNEL_NAMES)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="OpenMP and torch threads")
     parser.add_argument("--baseline", default=None, help="another checkout's python/ directory to compare with")
@@ -181,8 +185,8 @@ def main() -> None:
             raise SystemExit(f"--baseline must be a directory holding the sarathi_rt package, got {args.baseline!r}")
         compare_builds(args)
         return
-    native = _C.cpu_isa_native()
-    levels = [native] if args.native_only else LEVELS[:LEVELS.index(native) + 1]
+    top = _C.cpu_isa()  # the CPU's own level, or the one SARATHI_RT_CPU_ISA lowers it to
+    levels = [top] if args.native_only else LEVELS[:LEVELS.index(top) + 1]
     times = measure(args, levels)
     if args.json:
         print(json.dumps(times))
