@@ -60,6 +60,25 @@ Fn pick_isa(Fn v4, Fn v3, Fn base) {
   return base;
 }
 
+// Row<W>::run(p, t) (always inlined) for every token t < p.num_tokens, OpenMP-parallel
+// when `parallel`, compiled once per ISA level at its register width W. The level is
+// picked outside the OpenMP loop and the compiled row called inside it: GCC outlines a
+// parallel loop's body into a function of its own that no target attribute reaches, so
+// a compiled function holding the loop would run its vectors at the baseline ISA (SSE2).
+template <template <int> class Row, typename P>
+SRT_TARGET_V4 void token_row_v4(const P& p, int64_t t) { Row<kWidthV4>::run(p, t); }
+template <template <int> class Row, typename P>
+SRT_TARGET_V3 void token_row_v3(const P& p, int64_t t) { Row<kWidthV3>::run(p, t); }
+template <template <int> class Row, typename P>
+void token_row_base(const P& p, int64_t t) { Row<kWidthBase>::run(p, t); }
+template <template <int> class Row, typename P>
+void for_each_token(const P& p, bool parallel) {
+  using Fn = void (*)(const P&, int64_t);
+  const Fn row = pick_isa<Fn>(token_row_v4<Row, P>, token_row_v3<Row, P>, token_row_base<Row, P>);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t t = 0; t < p.num_tokens; ++t) row(p, t);
+}
+
 // Vectors of W floats (and the integer and half-precision vectors beside them). A kernel
 // whose hot loop must stay in registers takes W as a template parameter and is compiled
 // once per ISA level at that level's register width (SRT_TARGET_V3/V4 above): GCC

@@ -58,24 +58,6 @@ SRT_SIMD_INLINE void rms_norm_row(const RMSNormParams& p, int64_t t) {
   }
 }
 
-template <typename T>
-using RMSNormRowFn = void (*)(const RMSNormParams&, int64_t);
-template <typename T>
-SRT_TARGET_V4 void rms_norm_row_v4(const RMSNormParams& p, int64_t t) { rms_norm_row<T, cpu::kWidthV4>(p, t); }
-template <typename T>
-SRT_TARGET_V3 void rms_norm_row_v3(const RMSNormParams& p, int64_t t) { rms_norm_row<T, cpu::kWidthV3>(p, t); }
-template <typename T>
-void rms_norm_row_base(const RMSNormParams& p, int64_t t) { rms_norm_row<T, cpu::kWidthBase>(p, t); }
-
-// The level is picked outside the OpenMP loop (why: see silu_and_mul_row).
-template <typename T>
-void rms_norm_rows(const RMSNormParams& p) {
-  const RMSNormRowFn<T> row =
-      cpu::pick_isa<RMSNormRowFn<T>>(rms_norm_row_v4<T>, rms_norm_row_v3<T>, rms_norm_row_base<T>);
-#pragma omp parallel for schedule(static) if (p.num_tokens * p.hidden > kParallelElems)
-  for (int64_t t = 0; t < p.num_tokens; ++t) row(p, t);
-}
-
 // Both halves of a head (x1 = x[i..], x2 = x[half + i..]) rotated in place, each value
 // rounded once: (x1 cos - x2 sin, x2 cos + x1 sin). Whole vectors, then the tail.
 template <typename T, int W>
@@ -107,24 +89,6 @@ SRT_SIMD_INLINE void rotary_token(const RotaryParams& p, int64_t t) {
   for (int64_t h = 0; h < p.num_kv_heads; ++h) rotate_head<T, W>(k + h * p.k_head_stride, cos, sin, half);
 }
 
-template <typename T>
-using RotaryTokenFn = void (*)(const RotaryParams&, int64_t);
-template <typename T>
-SRT_TARGET_V4 void rotary_token_v4(const RotaryParams& p, int64_t t) { rotary_token<T, cpu::kWidthV4>(p, t); }
-template <typename T>
-SRT_TARGET_V3 void rotary_token_v3(const RotaryParams& p, int64_t t) { rotary_token<T, cpu::kWidthV3>(p, t); }
-template <typename T>
-void rotary_token_base(const RotaryParams& p, int64_t t) { rotary_token<T, cpu::kWidthBase>(p, t); }
-
-template <typename T>
-void rotary_rows(const RotaryParams& p) {
-  const int64_t work = p.num_tokens * (p.num_q_heads + p.num_kv_heads) * p.rotary_dim;
-  const RotaryTokenFn<T> token = cpu::pick_isa<RotaryTokenFn<T>>(rotary_token_v4<T>, rotary_token_v3<T>,
-                                                                rotary_token_base<T>);
-#pragma omp parallel for schedule(static) if (work > kParallelElems)
-  for (int64_t t = 0; t < p.num_tokens; ++t) token(p, t);
-}
-
 // silu(g) = g * sigmoid(g), with sigmoid from one 2^x of a non-positive argument
 // (e^-|g|), so it never overflows: 1 / (1 + t) for g >= 0, t / (1 + t) below.
 SRT_SIMD_INLINE cpu::vf silu(const cpu::vf& g) {
@@ -135,39 +99,20 @@ SRT_SIMD_INLINE cpu::vf silu(const cpu::vf& g) {
   return g * sigmoid;
 }
 
-// One row, compiled per ISA level. The level is picked outside the OpenMP loop and the
-// compiled row called inside it: GCC outlines a parallel loop's body into a function of
-// its own that no target attribute reaches, so a compiled function holding the loop runs
-// its vectors at the baseline ISA (SSE2) on every CPU (2-4x the time of AVX2 here).
-// Whole vectors first, then the tail on its own: with load_row's tail branch inside
-// the loop GCC ran every load through memory (2.5x the loop's time).
+// Token t's row in 16-float vectors at every level (cpu::for_each_token compiles it per
+// level). Whole vectors first, then the tail on its own: with load_row's tail branch
+// inside the loop GCC ran every load through memory (2.5x the loop's time).
 template <typename T>
-SRT_SIMD_INLINE void silu_and_mul_row(const T* gate, T* o, int64_t I) {
+SRT_SIMD_INLINE void silu_and_mul_row(const SiluAndMulParams& p, int64_t t) {
+  const int64_t I = p.intermediate;
+  const T* gate = static_cast<const T*>(p.x) + t * p.x_stride;
   const T* up = gate + I;
+  T* o = static_cast<T*>(p.out) + t * p.out_stride;
   int64_t i = 0;
   for (; i + cpu::kLanes <= I; i += cpu::kLanes) {
     cpu::store_row(o, i, I, silu(cpu::load(gate + i)) * cpu::load(up + i));
   }
   if (i < I) cpu::store_row(o, i, I, silu(cpu::load_partial(gate + i, I - i)) * cpu::load_partial(up + i, I - i));
-}
-template <typename T>
-using SiluRowFn = void (*)(const T*, T*, int64_t);
-template <typename T>
-SRT_TARGET_V4 void silu_and_mul_row_v4(const T* gate, T* o, int64_t I) { silu_and_mul_row(gate, o, I); }
-template <typename T>
-SRT_TARGET_V3 void silu_and_mul_row_v3(const T* gate, T* o, int64_t I) { silu_and_mul_row(gate, o, I); }
-template <typename T>
-void silu_and_mul_row_base(const T* gate, T* o, int64_t I) { silu_and_mul_row(gate, o, I); }
-
-template <typename T>
-void silu_and_mul_rows(const SiluAndMulParams& p) {
-  const auto* x = static_cast<const T*>(p.x);
-  auto* out = static_cast<T*>(p.out);
-  const int64_t I = p.intermediate;
-  const SiluRowFn<T> row = cpu::pick_isa<SiluRowFn<T>>(silu_and_mul_row_v4<T>, silu_and_mul_row_v3<T>,
-                                                       silu_and_mul_row_base<T>);
-#pragma omp parallel for schedule(static) if (p.num_tokens * I > kParallelElems)
-  for (int64_t t = 0; t < p.num_tokens; ++t) row(x + t * p.x_stride, out + t * p.out_stride, I);
 }
 
 template <template <typename> class Fn, typename P>
@@ -181,15 +126,31 @@ void dispatch(const P& p) {
 
 template <typename T>
 struct RMSNormFn {
-  static void run(const RMSNormParams& p) { rms_norm_rows<T>(p); }
+  template <int W>
+  struct Row {
+    static SRT_SIMD_INLINE void run(const RMSNormParams& p, int64_t t) { rms_norm_row<T, W>(p, t); }
+  };
+  static void run(const RMSNormParams& p) { cpu::for_each_token<Row>(p, p.num_tokens * p.hidden > kParallelElems); }
 };
 template <typename T>
 struct RotaryFn {
-  static void run(const RotaryParams& p) { rotary_rows<T>(p); }
+  template <int W>
+  struct Row {
+    static SRT_SIMD_INLINE void run(const RotaryParams& p, int64_t t) { rotary_token<T, W>(p, t); }
+  };
+  static void run(const RotaryParams& p) {
+    cpu::for_each_token<Row>(p, p.num_tokens * (p.num_q_heads + p.num_kv_heads) * p.rotary_dim > kParallelElems);
+  }
 };
 template <typename T>
 struct SiluAndMulFn {
-  static void run(const SiluAndMulParams& p) { silu_and_mul_rows<T>(p); }
+  template <int W>
+  struct Row {
+    static SRT_SIMD_INLINE void run(const SiluAndMulParams& p, int64_t t) { silu_and_mul_row<T>(p, t); }
+  };
+  static void run(const SiluAndMulParams& p) {
+    cpu::for_each_token<Row>(p, p.num_tokens * p.intermediate > kParallelElems);
+  }
 };
 
 }  // namespace

@@ -45,10 +45,10 @@ SRT_SIMD_INLINE void write_token(const WriteKVParams& p, int64_t t) {
   }
 }
 
-using WriteTokenFn = void (*)(const WriteKVParams&, int64_t);
-SRT_TARGET_V4 void write_token_v4(const WriteKVParams& p, int64_t t) { write_token<cpu::kWidthV4>(p, t); }
-SRT_TARGET_V3 void write_token_v3(const WriteKVParams& p, int64_t t) { write_token<cpu::kWidthV3>(p, t); }
-void write_token_base(const WriteKVParams& p, int64_t t) { write_token<cpu::kWidthBase>(p, t); }
+template <int W>
+struct WriteToken {
+  static SRT_SIMD_INLINE void run(const WriteKVParams& p, int64_t t) { write_token<W>(p, t); }
+};
 
 }  // namespace
 
@@ -56,10 +56,7 @@ Status write_kv_cpu(const WriteKVParams& p) {
   Status st = validate_slot_mapping(p);
   if (!st.ok()) return st;
   const int64_t row_bytes = p.layout.head_dim * dtype_size(p.dtype);
-  // Picked outside the OpenMP loop, whose outlined body no target attribute reaches.
-  const WriteTokenFn token = cpu::pick_isa<WriteTokenFn>(write_token_v4, write_token_v3, write_token_base);
-#pragma omp parallel for schedule(static) if (p.num_tokens * p.layout.num_kv_heads * row_bytes > (1 << 16))
-  for (int64_t t = 0; t < p.num_tokens; ++t) token(p, t);
+  cpu::for_each_token<WriteToken>(p, p.num_tokens * p.layout.num_kv_heads * row_bytes > (1 << 16));
   return Status::Ok();
 }
 
