@@ -22,7 +22,8 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 NOT_BENCHES = {"device_summary.py": "formats the table of device_check.sh's JSON lines; measures nothing",
-               "ab_pairs.py": "the A/B helper bench_attention.py and bench_step_overhead.py import; measures nothing"}
+               "ab_pairs.py": "the A/B helper bench_attention.py, bench_cpu_kernels.py and bench_step_overhead.py "
+                              "import; measures nothing"}
 # What each smoke run must print: its result line, so a bench that exits 0 having
 # measured nothing still fails. A bench not listed must print something.
 EXPECT = {
@@ -31,6 +32,7 @@ EXPECT = {
     "bench_attention.py": r"mixed speedup .*x",
     "bench_attention_cost.py": r"chunk_wide / chunk_narrow",
     "bench_attention_gpu.py": r"load efficiency",
+    "bench_cpu_kernels.py": r"levels agree: worst difference \d+\.\d+ of two roundings",
     "bench_attention_plan.py": r"worst GPU-grid load efficiency \d\.\d+ \(target >= 0\.9\)(.|\n)*"
                                r"plan update host time: median \d+\.\d+ ms",
     "bench_bf16_accuracy.py": r"bf16 engine vs transformers bf16: \d+/\d+ identical(.|\n)*float32 greedy answers "

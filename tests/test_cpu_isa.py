@@ -51,6 +51,93 @@ def test_attention_matches_float64_at_every_level(level: str, dtype: torch.dtype
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [40, 72])
+def test_split_decodes_merge_at_every_level(level: str, dtype: torch.dtype, head_dim: int) -> None:
+    # head_dim 40 and 72 leave a tail in every vector width (4, 8, 16 floats) in the q load,
+    # the output store and the merge of the pieces.
+    batch = make_batch([(1, 3001), (1, 2500), (3, 40)], num_kv_heads=1, group=3, head_dim=head_dim, dtype=dtype,
+                       seed=head_dim)
+    plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache, 3)
+    assert plan.num_merges > 0, "the plan should split the long decodes"
+    out, ref = batch.run(plan=plan), batch.reference()
+    torch_err = (batch.plain_torch().double() - ref).abs().max().item()
+    slack = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 4e-3}[dtype]
+    assert (out.double() - ref).abs().max().item() <= 2 * torch_err + slack
+
+
+# (tokens, hidden) drawn at random per seed: hidden sizes below, at and past each vector
+# width, most of them not a multiple of any.
+RAGGED_ROWS = [(1 + (seed * 7) % 13, [1, 3, 5, 12, 17, 33, 100, 577, 1031][seed]) for seed in range(9)]
+# Two roundings to the storage dtype (HF's RMSNorm makes them) on top of float32 math.
+TWO_ROUNDINGS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,hidden", RAGGED_ROWS)
+@pytest.mark.parametrize("fused", [False, True])
+def test_rms_norm_matches_float64_at_every_level(level: str, dtype: torch.dtype, tokens: int, hidden: int,
+                                                 fused: bool) -> None:
+    g = torch.Generator().manual_seed(tokens * hidden)
+    x = (torch.randn(tokens, hidden, generator=g) * 3).to(dtype)
+    res = torch.randn(tokens, hidden, generator=g).to(dtype)
+    w = (1 + 0.2 * torch.randn(hidden, generator=g)).to(dtype)
+    tol = TWO_ROUNDINGS[dtype]
+    if fused:
+        out, new_res = ops.rms_norm(x, w, 1e-5, residual=res)
+        assert torch.equal(new_res, x + res)  # the sum rounded once, as torch adds in the storage dtype
+        ref, _ = reference.rms_norm(x.double(), w.double(), 1e-5, residual=res.double())
+    else:
+        out = ops.rms_norm(x, w, 1e-5)
+        ref = reference.rms_norm(x.double(), w.double(), 1e-5)
+    assert out.dtype == dtype and out.shape == (tokens, hidden)
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    # A row's result does not depend on the rows beside it.
+    assert torch.equal(ops.rms_norm(x[-1:], w, 1e-5), ops.rms_norm(x, w, 1e-5)[-1:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim,rotary_dim", [(8, 6), (40, 34), (64, 64), (80, 40), (128, 128)])
+def test_rotary_matches_float64_at_every_level(level: str, dtype: torch.dtype, head_dim: int, rotary_dim: int) -> None:
+    g = torch.Generator().manual_seed(head_dim + rotary_dim)
+    tokens, hq, hkv = 11, 5, 2
+    qkv = torch.randn(tokens, hq + 2 * hkv, head_dim, generator=g).to(dtype)  # q and k: views of one buffer
+    before = qkv.clone()
+    q, k = qkv[:, :hq], qkv[:, hq:hq + hkv]
+    cache = ops.rope_cos_sin_cache(rotary_dim, 2048, 10000.0)
+    positions = torch.randint(0, 2048, (tokens,), generator=g)
+    q_ref, k_ref = q.double(), k.double()
+    reference.rotary_embedding(positions, q_ref, k_ref, cache.double())
+    ops.rotary_embedding(positions, q, k, cache)
+    tol = TWO_ROUNDINGS[dtype] / 2  # one rounding
+    torch.testing.assert_close(q.double(), q_ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(k.double(), k_ref, rtol=tol, atol=tol)
+    assert torch.equal(qkv[..., rotary_dim:], before[..., rotary_dim:])  # features past rotary_dim untouched
+    assert torch.equal(qkv[:, hq + hkv:], before[:, hq + hkv:])  # v untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,head_dim", [(1, 3), (2, 17), (3, 40), (4, 64), (2, 129)])
+@pytest.mark.parametrize("fused_qkv", [False, True])
+def test_write_kv_matches_reference_at_every_level(level: str, dtype: torch.dtype, heads: int, head_dim: int,
+                                                   fused_qkv: bool) -> None:
+    g = torch.Generator().manual_seed(heads * head_dim)
+    tokens, block_size, blocks = 23, 4, 8
+    if fused_qkv:  # heads side by side (one copy per token), tokens strided
+        buf = torch.randn(tokens, 3 * heads, head_dim, generator=g).to(dtype)
+        key, value = buf[:, heads:2 * heads], buf[:, 2 * heads:]
+    else:  # each head its own row, two rows apart
+        buf = torch.randn(tokens, heads, 2, head_dim, generator=g).to(dtype)
+        key, value = buf[:, :, 0], buf[:, :, 1]
+    slots = torch.randperm(blocks * block_size, generator=g)[:tokens]
+    slots[::4] = -1  # padding tokens are skipped
+    k, v, k_ref, v_ref = (torch.full((blocks, block_size, heads, head_dim), 7.0, dtype=dtype) for _ in range(4))
+    ops.write_kv(key, value, k, v, slots)
+    reference.write_kv(key, value, k_ref, v_ref, slots)
+    assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
+    assert (k == 7.0).any()  # slots nobody owns keep what they held
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,intermediate", [(1, 1), (3, 15), (2, 16), (5, 17), (64, 100), (7, 1000)])
 def test_silu_and_mul_matches_float64_at_every_level(level: str, dtype: torch.dtype, tokens: int,
                                                      intermediate: int) -> None:

@@ -45,6 +45,10 @@ IsaLevel isa_level();
 // the core loads (SARATHI_RT_CPU_ISA) and by the tests of each level.
 void set_isa_cap(IsaLevel cap);
 
+// The register width, in floats, each level's clone of a kernel computes in: GCC keeps a
+// vector wider than the target's registers in memory (see VecTypes below).
+constexpr int kWidthV4 = 16, kWidthV3 = 8, kWidthBase = 4;
+
 // The function of the running level among three compilations of one body.
 template <typename Fn>
 Fn pick_isa(Fn v4, Fn v3, Fn base) {
@@ -54,6 +58,25 @@ Fn pick_isa(Fn v4, Fn v3, Fn base) {
     case IsaLevel::kBase: break;
   }
   return base;
+}
+
+// Row<W>::run(p, t) (always inlined) for every token t < p.num_tokens, OpenMP-parallel
+// when `parallel`, compiled once per ISA level at its register width W. The level is
+// picked outside the OpenMP loop and the compiled row called inside it: GCC outlines a
+// parallel loop's body into a function of its own that no target attribute reaches, so
+// a compiled function holding the loop would run its vectors at the baseline ISA (SSE2).
+template <template <int> class Row, typename P>
+SRT_TARGET_V4 void token_row_v4(const P& p, int64_t t) { Row<kWidthV4>::run(p, t); }
+template <template <int> class Row, typename P>
+SRT_TARGET_V3 void token_row_v3(const P& p, int64_t t) { Row<kWidthV3>::run(p, t); }
+template <template <int> class Row, typename P>
+void token_row_base(const P& p, int64_t t) { Row<kWidthBase>::run(p, t); }
+template <template <int> class Row, typename P>
+void for_each_token(const P& p, bool parallel) {
+  using Fn = void (*)(const P&, int64_t);
+  const Fn row = pick_isa<Fn>(token_row_v4<Row, P>, token_row_v3<Row, P>, token_row_base<Row, P>);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t t = 0; t < p.num_tokens; ++t) row(p, t);
 }
 
 // Vectors of W floats (and the integer and half-precision vectors beside them). A kernel
@@ -154,26 +177,53 @@ SRT_SIMD_INLINE vec<W> load_row(const T* row, int64_t d, int64_t len) {
 template <typename V>
 SRT_SIMD_INLINE void store(float* p, const V& v) { std::memcpy(p, &v, sizeof(v)); }
 // from_float<bf16> of every lane: round to nearest even, NaN to a quiet NaN.
-SRT_SIMD_INLINE vu16 bf16_bits(const vf& v) {
-  vu32 u;
+template <int W = kLanes>
+SRT_SIMD_INLINE typename VecTypes<W>::u16 bf16_bits(const vec<W>& v) {
+  using u32 = typename VecTypes<W>::u32;
+  u32 u;
   std::memcpy(&u, &v, sizeof(u));
-  const vu32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const vu32 bits = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
-  return __builtin_convertvector(bits, vu16);
+  const u32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const u32 bits = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
+  return __builtin_convertvector(bits, typename VecTypes<W>::u16);
 }
-// Lanes d .. d + kLanes of v into a row of `len` elements (d a multiple of kLanes), each
-// rounded to T as from_float rounds it, without writing past row + len.
-template <typename T>
-SRT_SIMD_INLINE void store_row(T* row, int64_t d, int64_t len, const vf& v) {
-  const int64_t n = d + kLanes <= len ? kLanes : len - d;
+// All W lanes of v at p, each rounded to T as from_float rounds it.
+template <typename T, int W = kLanes>
+SRT_SIMD_INLINE void store_as(T* p, const vec<W>& v) {
   if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(row + d, &v, n * sizeof(float));
+    std::memcpy(p, &v, sizeof(v));
   } else if constexpr (std::is_same_v<T, f16>) {
-    const vh h = __builtin_convertvector(v, vh);
-    std::memcpy(row + d, &h, n * sizeof(f16));
+    const typename VecTypes<W>::h h = __builtin_convertvector(v, typename VecTypes<W>::h);
+    std::memcpy(p, &h, sizeof(h));
   } else {
-    const vu16 h = bf16_bits(v);
-    std::memcpy(row + d, &h, n * sizeof(uint16_t));
+    const typename VecTypes<W>::u16 h = bf16_bits<W>(v);
+    std::memcpy(p, &h, sizeof(h));
+  }
+}
+// Lanes d .. d + W of v into a row of `len` elements (d a multiple of W), rounded as
+// store_as rounds them, without writing past row + len.
+template <typename T, int W = kLanes>
+SRT_SIMD_INLINE void store_row(T* row, int64_t d, int64_t len, const vec<W>& v) {
+  if (d + W <= len) {
+    store_as<T, W>(row + d, v);
+    return;
+  }
+  T tail[W];
+  store_as<T, W>(tail, v);
+  std::memcpy(row + d, tail, (len - d) * sizeof(T));
+}
+// Every lane rounded to T (as store_row stores it) and read back as float32: the
+// roundings HF's ops make between two steps in the storage dtype, kept in registers.
+template <typename T, int W = kLanes>
+SRT_SIMD_INLINE vec<W> round_to(const vec<W>& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, f16>) {
+    return __builtin_convertvector(__builtin_convertvector(v, typename VecTypes<W>::h), vec<W>);
+  } else {
+    const typename VecTypes<W>::u32 bits = __builtin_convertvector(bf16_bits<W>(v), typename VecTypes<W>::u32) << 16;
+    vec<W> out;
+    std::memcpy(&out, &bits, sizeof(out));
+    return out;
   }
 }
 // Asks for every cache line of [p, p + bytes) ahead of its use.

@@ -13,69 +13,80 @@ namespace {
 // Below this many elements the OpenMP fork costs more than the work.
 constexpr int64_t kParallelElems = 1 << 14;
 
-template <typename T>
-T round_to(float x) {
-  return cpu::from_float<T>(x);
-}
+template <int W>
+using vec = cpu::vec<W>;
 
-template <typename T>
-void rms_norm_rows(const RMSNormParams& p) {
-  const auto* x = static_cast<const T*>(p.x);
-  const auto* res = static_cast<const T*>(p.residual);
-  const auto* w = static_cast<const T*>(p.weight);
-  auto* out = static_cast<T*>(p.out);
-  auto* res_out = static_cast<T*>(p.residual_out);
-  const int64_t H = p.hidden;
-#pragma omp parallel for schedule(static) if (p.num_tokens * H > kParallelElems)
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const T* xr = x + t * p.x_stride;
-    T* outr = out + t * p.out_stride;
-    // The (rounded) sum is the new residual and what gets normalized, as in HF, where
-    // `hidden = hidden + residual` happens in the storage dtype.
-    const T* src = xr;
-    if (res != nullptr) {
-      const T* rr = res + t * p.residual_stride;
-      T* ro = res_out + t * p.residual_out_stride;
-      for (int64_t i = 0; i < H; ++i) ro[i] = round_to<T>(cpu::to_float(xr[i]) + cpu::to_float(rr[i]));
-      src = ro;
+// One token row of rms_norm, at the level's register width W. The (rounded) sum is the
+// new residual and what gets normalized, as in HF, where `hidden = hidden + residual`
+// happens in the storage dtype; the normalized value is rounded to the storage dtype
+// before the weight multiplies it, as HF's cast does. Whole vectors first, then the tail
+// on its own (see silu_and_mul_row). The sum of squares runs per lane then through
+// reduce_add's fixed tree, so a row's result does not depend on the rows beside it.
+template <typename T, int W>
+SRT_SIMD_INLINE void rms_norm_row(const RMSNormParams& p, int64_t t) {
+  const int64_t H = p.hidden, full = H - H % W, tail = H - full;
+  const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
+  const T* w = static_cast<const T*>(p.weight);
+  T* out = static_cast<T*>(p.out) + t * p.out_stride;
+  const T* src = x;
+  if (p.residual != nullptr) {
+    const T* res = static_cast<const T*>(p.residual) + t * p.residual_stride;
+    T* res_out = static_cast<T*>(p.residual_out) + t * p.residual_out_stride;
+    for (int64_t i = 0; i < full; i += W) cpu::store_as<T, W>(res_out + i, cpu::load<W>(x + i) + cpu::load<W>(res + i));
+    if (tail > 0) {
+      const vec<W> sum = cpu::load_partial<W>(x + full, tail) + cpu::load_partial<W>(res + full, tail);
+      cpu::store_row<T, W>(res_out, full, H, sum);
     }
-    float sum_sq = 0.0f;
-#pragma omp simd reduction(+ : sum_sq)
-    for (int64_t i = 0; i < H; ++i) {
-      const float v = cpu::to_float(src[i]);
-      sum_sq += v * v;
-    }
-    const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(H) + p.eps);
-    for (int64_t i = 0; i < H; ++i) {
-      const float normed = cpu::to_float(round_to<T>(cpu::to_float(src[i]) * inv_rms));
-      outr[i] = round_to<T>(normed * cpu::to_float(w[i]));
-    }
+    src = res_out;
+  }
+  vec<W> sum_sq{};
+  for (int64_t i = 0; i < full; i += W) {
+    const vec<W> v = cpu::load<W>(src + i);
+    sum_sq += v * v;
+  }
+  if (tail > 0) {
+    const vec<W> v = cpu::load_partial<W>(src + full, tail);
+    sum_sq += v * v;
+  }
+  const float inv_rms = 1.0f / std::sqrt(cpu::reduce_add<W>(sum_sq) / static_cast<float>(H) + p.eps);
+  for (int64_t i = 0; i < full; i += W) {
+    cpu::store_as<T, W>(out + i, cpu::round_to<T, W>(cpu::load<W>(src + i) * inv_rms) * cpu::load<W>(w + i));
+  }
+  if (tail > 0) {
+    const vec<W> normed = cpu::round_to<T, W>(cpu::load_partial<W>(src + full, tail) * inv_rms);
+    cpu::store_row<T, W>(out, full, H, normed * cpu::load_partial<W>(w + full, tail));
   }
 }
 
-template <typename T>
-void rotate_head(T* x, const float* cos, const float* sin, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float x1 = cpu::to_float(x[i]);
-    const float x2 = cpu::to_float(x[i + half]);
-    x[i] = round_to<T>(x1 * cos[i] - x2 * sin[i]);
-    x[i + half] = round_to<T>(x2 * cos[i] + x1 * sin[i]);
+// Both halves of a head (x1 = x[i..], x2 = x[half + i..]) rotated in place, each value
+// rounded once: (x1 cos - x2 sin, x2 cos + x1 sin). Whole vectors, then the tail.
+template <typename T, int W>
+SRT_SIMD_INLINE void rotate_head(T* x, const float* cos, const float* sin, int64_t half) {
+  const int64_t full = half - half % W, tail = half - full;
+  for (int64_t i = 0; i < full; i += W) {
+    const vec<W> x1 = cpu::load<W>(x + i), x2 = cpu::load<W>(x + half + i);
+    const vec<W> c = cpu::load<W>(cos + i), s = cpu::load<W>(sin + i);
+    cpu::store_as<T, W>(x + i, x1 * c - x2 * s);
+    cpu::store_as<T, W>(x + half + i, x2 * c + x1 * s);
+  }
+  if (tail > 0) {
+    const vec<W> x1 = cpu::load_partial<W>(x + full, tail), x2 = cpu::load_partial<W>(x + half + full, tail);
+    const vec<W> c = cpu::load_partial<W>(cos + full, tail), s = cpu::load_partial<W>(sin + full, tail);
+    cpu::store_row<T, W>(x, full, half, x1 * c - x2 * s);
+    cpu::store_row<T, W>(x + half, full, half, x2 * c + x1 * s);
   }
 }
 
-template <typename T>
-void rotary_rows(const RotaryParams& p) {
-  auto* q = static_cast<T*>(p.q);
-  auto* k = static_cast<T*>(p.k);
+// Every q and k head of token t, at the level's register width W.
+template <typename T, int W>
+SRT_SIMD_INLINE void rotary_token(const RotaryParams& p, int64_t t) {
   const int64_t half = p.rotary_dim / 2;
-  const int64_t work = p.num_tokens * (p.num_q_heads + p.num_kv_heads) * p.rotary_dim;
-#pragma omp parallel for schedule(static) if (work > kParallelElems)
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const float* cos = p.cos_sin_cache + p.positions[t] * p.rotary_dim;
-    const float* sin = cos + half;
-    for (int64_t h = 0; h < p.num_q_heads; ++h) rotate_head(q + t * p.q_token_stride + h * p.q_head_stride, cos, sin, half);
-    for (int64_t h = 0; h < p.num_kv_heads; ++h) rotate_head(k + t * p.k_token_stride + h * p.k_head_stride, cos, sin, half);
-  }
+  const float* cos = p.cos_sin_cache + p.positions[t] * p.rotary_dim;
+  const float* sin = cos + half;
+  T* q = static_cast<T*>(p.q) + t * p.q_token_stride;
+  T* k = static_cast<T*>(p.k) + t * p.k_token_stride;
+  for (int64_t h = 0; h < p.num_q_heads; ++h) rotate_head<T, W>(q + h * p.q_head_stride, cos, sin, half);
+  for (int64_t h = 0; h < p.num_kv_heads; ++h) rotate_head<T, W>(k + h * p.k_head_stride, cos, sin, half);
 }
 
 // silu(g) = g * sigmoid(g), with sigmoid from one 2^x of a non-positive argument
@@ -88,39 +99,20 @@ SRT_SIMD_INLINE cpu::vf silu(const cpu::vf& g) {
   return g * sigmoid;
 }
 
-// One row, compiled per ISA level. The level is picked outside the OpenMP loop and the
-// compiled row called inside it: GCC outlines a parallel loop's body into a function of
-// its own that no target attribute reaches, so a compiled function holding the loop runs
-// its vectors at the baseline ISA (SSE2) on every CPU (2-4x the time of AVX2 here).
-// Whole vectors first, then the tail on its own: with load_row's tail branch inside
-// the loop GCC ran every load through memory (2.5x the loop's time).
+// Token t's row in 16-float vectors at every level (cpu::for_each_token compiles it per
+// level). Whole vectors first, then the tail on its own: with load_row's tail branch
+// inside the loop GCC ran every load through memory (2.5x the loop's time).
 template <typename T>
-SRT_SIMD_INLINE void silu_and_mul_row(const T* gate, T* o, int64_t I) {
+SRT_SIMD_INLINE void silu_and_mul_row(const SiluAndMulParams& p, int64_t t) {
+  const int64_t I = p.intermediate;
+  const T* gate = static_cast<const T*>(p.x) + t * p.x_stride;
   const T* up = gate + I;
+  T* o = static_cast<T*>(p.out) + t * p.out_stride;
   int64_t i = 0;
   for (; i + cpu::kLanes <= I; i += cpu::kLanes) {
     cpu::store_row(o, i, I, silu(cpu::load(gate + i)) * cpu::load(up + i));
   }
   if (i < I) cpu::store_row(o, i, I, silu(cpu::load_partial(gate + i, I - i)) * cpu::load_partial(up + i, I - i));
-}
-template <typename T>
-using SiluRowFn = void (*)(const T*, T*, int64_t);
-template <typename T>
-SRT_TARGET_V4 void silu_and_mul_row_v4(const T* gate, T* o, int64_t I) { silu_and_mul_row(gate, o, I); }
-template <typename T>
-SRT_TARGET_V3 void silu_and_mul_row_v3(const T* gate, T* o, int64_t I) { silu_and_mul_row(gate, o, I); }
-template <typename T>
-void silu_and_mul_row_base(const T* gate, T* o, int64_t I) { silu_and_mul_row(gate, o, I); }
-
-template <typename T>
-void silu_and_mul_rows(const SiluAndMulParams& p) {
-  const auto* x = static_cast<const T*>(p.x);
-  auto* out = static_cast<T*>(p.out);
-  const int64_t I = p.intermediate;
-  const SiluRowFn<T> row = cpu::pick_isa<SiluRowFn<T>>(silu_and_mul_row_v4<T>, silu_and_mul_row_v3<T>,
-                                                       silu_and_mul_row_base<T>);
-#pragma omp parallel for schedule(static) if (p.num_tokens * I > kParallelElems)
-  for (int64_t t = 0; t < p.num_tokens; ++t) row(x + t * p.x_stride, out + t * p.out_stride, I);
 }
 
 template <template <typename> class Fn, typename P>
@@ -134,15 +126,31 @@ void dispatch(const P& p) {
 
 template <typename T>
 struct RMSNormFn {
-  static void run(const RMSNormParams& p) { rms_norm_rows<T>(p); }
+  template <int W>
+  struct Row {
+    static SRT_SIMD_INLINE void run(const RMSNormParams& p, int64_t t) { rms_norm_row<T, W>(p, t); }
+  };
+  static void run(const RMSNormParams& p) { cpu::for_each_token<Row>(p, p.num_tokens * p.hidden > kParallelElems); }
 };
 template <typename T>
 struct RotaryFn {
-  static void run(const RotaryParams& p) { rotary_rows<T>(p); }
+  template <int W>
+  struct Row {
+    static SRT_SIMD_INLINE void run(const RotaryParams& p, int64_t t) { rotary_token<T, W>(p, t); }
+  };
+  static void run(const RotaryParams& p) {
+    cpu::for_each_token<Row>(p, p.num_tokens * (p.num_q_heads + p.num_kv_heads) * p.rotary_dim > kParallelElems);
+  }
 };
 template <typename T>
 struct SiluAndMulFn {
-  static void run(const SiluAndMulParams& p) { silu_and_mul_rows<T>(p); }
+  template <int W>
+  struct Row {
+    static SRT_SIMD_INLINE void run(const SiluAndMulParams& p, int64_t t) { silu_and_mul_row<T>(p, t); }
+  };
+  static void run(const SiluAndMulParams& p) {
+    cpu::for_each_token<Row>(p, p.num_tokens * p.intermediate > kParallelElems);
+  }
 };
 
 }  // namespace

@@ -14,6 +14,16 @@
 // the same arithmetic, and chunk boundaries sit at absolute key positions (split pieces
 // start at multiples of 64 keys), so a query's result depends neither on which tile or
 // path computed it nor on how its prompt was chunked, as long as its keys are not split.
+//
+// No call allocates in steady state. Where every buffer lives:
+//   Scratch (q, k, v, s, acc, m, l, visible, first): one per OpenMP thread, thread_local,
+//     refitted only when the shape (head_dim, rows per item) changes;
+//   the item order and the split pieces' partial rows: thread_local in the calling thread,
+//     grown only;
+//   the plan: the caller's buffer, built once per step (hybrid_attention_cpu_planned), or
+//     for hybrid_attention_cpu a thread_local one grown only (the planner's own working
+//     lists are attention_plan.cpp's);
+//   a chunk's key offsets and row pointers: on the stack.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -263,9 +273,14 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
   const bool capped = p.softcap > 0.0f;
   const float q_scale = capped ? p.scale / p.softcap : p.scale * kLog2e;
   const float softcap_log2 = capped ? p.softcap * kLog2e : 0.0f;
+  // Whole vectors, then the tail: its lanes past dim load as zeros, and the rest of the
+  // padded row was zeroed by Scratch::fit and is never written.
+  const int64_t q_full = sh.dim - sh.dim % W, q_tail = sh.dim - q_full;
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = q + (w.q_token0 + ir.query(r)) * p.q_token_stride + ir.q_head(r) * p.q_head_stride;
-    for (int64_t d = 0; d < sh.dim; ++d) t.q[r * Dp + d] = cpu::to_float(src[d]) * q_scale;
+    float* qr = t.q.data() + r * Dp;
+    for (int64_t d = 0; d < q_full; d += W) cpu::store(qr + d, cpu::load<W>(src + d) * q_scale);
+    if (q_tail > 0) cpu::store(qr + q_full, cpu::load_partial<W>(src + q_full, q_tail) * q_scale);
     const int64_t visible = w.causal_offset + ir.query(r) + 1;
     t.visible[r] = std::min<int64_t>(visible, w.kv_end);
     t.first[r] = first_visible_key(visible, p.window);
@@ -332,59 +347,75 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
   for (int64_t r = 0; r < rows; ++r) {
     T* dst = out + (w.q_token0 + ir.query(r)) * p.out_token_stride + ir.q_head(r) * p.out_head_stride;
     const float inv = t.l[r] > 0.0f ? 1.0f / t.l[r] : 0.0f;
-    for (int64_t d = 0; d < sh.dim; ++d) dst[d] = cpu::from_float<T>(t.acc[r * Dp + d] * inv);
+    const float* acc = t.acc.data() + r * Dp;
+    for (int64_t d = 0; d < sh.dim; d += W) cpu::store_row<T, W>(dst, d, sh.dim, cpu::load<W>(acc + d) * inv);
   }
 }
 
-// run_item compiled at each ISA level's register width, chosen once per call.
-template <typename T>
-using ItemFn = void (*)(const HybridAttentionParams&, const Shape&, const AttentionWorkItem&, Scratch&, float*);
-template <typename T>
-SRT_TARGET_V4 void run_item_v4(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
-                               float* partials) {
-  run_item<T, 16>(p, sh, w, t, partials);
-}
-template <typename T>
-SRT_TARGET_V3 void run_item_v3(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
-                               float* partials) {
-  run_item<T, 8>(p, sh, w, t, partials);
-}
-template <typename T>
-void run_item_base(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
-                   float* partials) {
-  run_item<T, 4>(p, sh, w, t, partials);
-}
-template <typename T>
-ItemFn<T> item_fn() {
-  return cpu::pick_isa<ItemFn<T>>(run_item_v4<T>, run_item_v3<T>, run_item_base<T>);
-}
-
 // Combines the pieces of one split tile (in key order, so results are deterministic):
-// row r of piece i is partial row first_partial + i * rows + r.
-template <typename T>
-void merge_pieces(const HybridAttentionParams& p, const Shape& sh, const AttentionMergeItem& mg,
-                  const float* partials, Scratch& t) {
+// row r of piece i is partial row first_partial + i * rows + r. The row's sum builds up in
+// the thread's accumulator, whole vectors of W lanes up to dim rounded up to W (inside the
+// padded row; lanes past dim only ever meet zeros and are never stored).
+template <typename T, int W>
+SRT_SIMD_INLINE void merge_pieces(const HybridAttentionParams& p, const Shape& sh, const AttentionMergeItem& mg,
+                                  const float* partials, Scratch& t) {
   const ItemRows ir{mg.kv_head, mg.num_heads, mg.row_begin, mg.num_rows, sh.group};
-  const int64_t Dp = sh.dim_padded, stride = sh.partial_floats, rows = ir.count();
+  const int64_t Dp = sh.dim_padded, stride = sh.partial_floats, rows = ir.count(), dim_w = round_up(sh.dim, W);
   auto* out = static_cast<T*>(p.out);
-  const auto o = t.acc.begin(), o_end = o + sh.dim;  // the row's sum, in the thread's accumulator
+  float* o = t.acc.data();
   for (int64_t r = 0; r < rows; ++r) {
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < mg.num_partials; ++i) {
       m = std::max(m, partials[(mg.first_partial + i * rows + r) * stride + Dp]);
     }
     float l = 0.0f;
-    std::fill(o, o_end, 0.0f);
+    for (int64_t d = 0; d < dim_w; d += W) cpu::store(o + d, vec<W>{});
     for (int64_t i = 0; i < mg.num_partials; ++i) {
       const float* piece = partials + (mg.first_partial + i * rows + r) * stride;
       const float weight = std::exp2(piece[Dp] - m);  // 0 for a piece the row cannot see
       l += weight * piece[Dp + 1];
-      for (int64_t d = 0; d < sh.dim; ++d) o[d] += weight * piece[d];
+      for (int64_t d = 0; d < dim_w; d += W) cpu::store(o + d, cpu::load<W>(o + d) + weight * cpu::load<W>(piece + d));
     }
     T* dst = out + (mg.q_token0 + ir.query(r)) * p.out_token_stride + ir.q_head(r) * p.out_head_stride;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (int64_t d = 0; d < sh.dim; ++d) dst[d] = cpu::from_float<T>(o[d] * inv);
+    for (int64_t d = 0; d < sh.dim; d += W) cpu::store_row<T, W>(dst, d, sh.dim, cpu::load<W>(o + d) * inv);
   }
+}
+
+// run_item and merge_pieces compiled at each ISA level's register width, chosen once per call.
+template <typename T>
+using ItemFn = void (*)(const HybridAttentionParams&, const Shape&, const AttentionWorkItem&, Scratch&, float*);
+template <typename T>
+using MergeFn = void (*)(const HybridAttentionParams&, const Shape&, const AttentionMergeItem&, const float*, Scratch&);
+template <typename T>
+SRT_TARGET_V4 void run_item_v4(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
+                               float* partials) {
+  run_item<T, cpu::kWidthV4>(p, sh, w, t, partials);
+}
+template <typename T>
+SRT_TARGET_V3 void run_item_v3(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
+                               float* partials) {
+  run_item<T, cpu::kWidthV3>(p, sh, w, t, partials);
+}
+template <typename T>
+void run_item_base(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
+                   float* partials) {
+  run_item<T, cpu::kWidthBase>(p, sh, w, t, partials);
+}
+template <typename T>
+SRT_TARGET_V4 void merge_v4(const HybridAttentionParams& p, const Shape& sh, const AttentionMergeItem& mg,
+                            const float* partials, Scratch& t) {
+  merge_pieces<T, cpu::kWidthV4>(p, sh, mg, partials, t);
+}
+template <typename T>
+SRT_TARGET_V3 void merge_v3(const HybridAttentionParams& p, const Shape& sh, const AttentionMergeItem& mg,
+                            const float* partials, Scratch& t) {
+  merge_pieces<T, cpu::kWidthV3>(p, sh, mg, partials, t);
+}
+template <typename T>
+void merge_base(const HybridAttentionParams& p, const Shape& sh, const AttentionMergeItem& mg, const float* partials,
+                Scratch& t) {
+  merge_pieces<T, cpu::kWidthBase>(p, sh, mg, partials, t);
 }
 
 int max_threads() {
@@ -429,7 +460,8 @@ void run_plan(const HybridAttentionParams& p, const Shape& sh, const int32_t* pl
   const int32_t* item_order = order.data();
   const auto num_items = static_cast<int64_t>(order.size());
   float* partials = partial_rows.data();
-  const ItemFn<T> run = item_fn<T>();
+  const ItemFn<T> run = cpu::pick_isa<ItemFn<T>>(run_item_v4<T>, run_item_v3<T>, run_item_base<T>);
+  const MergeFn<T> merge = cpu::pick_isa<MergeFn<T>>(merge_v4<T>, merge_v3<T>, merge_base<T>);
 
 #pragma omp parallel
   {
@@ -438,7 +470,7 @@ void run_plan(const HybridAttentionParams& p, const Shape& sh, const int32_t* pl
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < num_items; ++i) run(p, sh, items[item_order[i]], scratch, partials);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t m = 0; m < num_merges; ++m) merge_pieces<T>(p, sh, merges[m], partials, scratch);
+    for (int64_t m = 0; m < num_merges; ++m) merge(p, sh, merges[m], partials, scratch);
   }
 }
 
@@ -469,7 +501,9 @@ Status hybrid_attention_cpu(const HybridAttentionParams& p) {
   const AttentionPlanCapacity cap =
       attention_plan_capacity(p.batch, p.total_q, p.num_q_heads, p.layout.num_kv_heads,
                               attention_target(AttentionKernel::kCpu, cpu_attention_workers()));
-  std::vector<int32_t> plan(static_cast<size_t>(cap.total_words()));
+  // The calling thread's plan buffer, grown only (write_plan rewrites every word it reads).
+  thread_local std::vector<int32_t> plan;
+  if (plan.size() < static_cast<size_t>(cap.total_words())) plan.resize(static_cast<size_t>(cap.total_words()));
   Status st = validate_attention_options(p);
   if (st.ok()) st = build_attention_plan(in, cap, plan.data());  // validates the indices
   if (!st.ok()) return st;
