@@ -143,7 +143,11 @@ class LlamaForCausalLM(nn.Module):
     """One pipeline stage of the model (the whole model with the default layout).
 
     The first stage embeds token ids; later stages take the previous stage's
-    (hidden, residual). The last stage owns the final norm and lm_head."""
+    (hidden, residual). The last stage owns the final norm and lm_head. A family that
+    keeps this layout but changes its layers or norm (Gemma) names its own classes here."""
+
+    decoder_layer: type[nn.Module] = DecoderLayer
+    final_norm: type[nn.Module] = RMSNorm
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", layout: ParallelLayout | None = None) -> None:
@@ -155,9 +159,9 @@ class LlamaForCausalLM(nn.Module):
         needs_embed = self.shard.is_first or (self.shard.is_last and config.tie_word_embeddings)
         vocab = len(self.shard.vocab)  # this rank's slice of the vocabulary
         self.embed_tokens = _param(vocab, hidden, dtype=dtype, device=device) if needs_embed else None
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, i, self.shard, dtype, device)
+        self.layers = nn.ModuleDict({str(i): self.decoder_layer(config, i, self.shard, dtype, device)
                                      for i in self.shard.layers})
-        self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype, device) if self.shard.is_last else None
+        self.norm = self.final_norm(hidden, config.rms_norm_eps, dtype, device) if self.shard.is_last else None
         self.lm_head: nn.Parameter | None = None
         if self.shard.is_last:
             self.lm_head = self.embed_tokens if config.tie_word_embeddings else \

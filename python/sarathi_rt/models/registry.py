@@ -23,6 +23,11 @@ class Family:
     rather than the config's `attention_bias` (Qwen2 always biases q/k/v, never o).
     `gguf_rope_permuted`: llama.cpp's converter interleaved the q/k rows' rotary halves.
     `always_sliding`: a config's `sliding_window` applies without `use_sliding_window`.
+    `normalize_hf` rewrites the family's config.json dict into the keys and spellings
+    ModelConfig.from_hf_dict reads (its transformers class defaults filled in), raising
+    ValueError for what the family's model cannot run. `layer_tensors` ((config) ->
+    {name within a layer: shape}) lists the tensors each layer holds beyond the LLaMA
+    layout's; each loads whole into the layer's parameter of that name.
 
     `read_config` marks the fallback family (at most one): it runs any HF checkpoint
     whose architectures no other family names, reading the checkpoint directory itself
@@ -38,6 +43,8 @@ class Family:
     fixed_bias: tuple[bool, bool] | None = None
     gguf_rope_permuted: bool = False
     always_sliding: bool = False
+    normalize_hf: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    layer_tensors: Callable[..., dict[str, tuple[int, ...]]] | None = None
     read_config: Callable[..., Any] | None = None
     load_weights: Callable[..., None] | None = None
 
