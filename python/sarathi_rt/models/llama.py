@@ -206,15 +206,23 @@ class LlamaForCausalLM(nn.Module):
         if self.shard.is_first:
             if input_ids is None:
                 raise ValueError("input_ids is required on the first pipeline stage")
-            hidden, residual = self.shard.embed(input_ids, self.embed_tokens), None
+            hidden, residual = self.embed(input_ids), None
         else:
             if intermediate is None:
                 raise ValueError("intermediate (hidden, residual) is required after the first stage")
             hidden, residual = intermediate
         for index, layer in self.layers.items():
             with nvtx_detail_range(f"layer{index}", "layer"):
-                hidden, residual = layer(hidden, residual, ctx, self.cos_sin_cache)
+                hidden, residual = layer(hidden, residual, ctx, self.rope_cache(index))
         return hidden, residual
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The first stage's input rows for `input_ids` (a family may scale them)."""
+        return self.shard.embed(input_ids, self.embed_tokens)
+
+    def rope_cache(self, layer: str) -> torch.Tensor:
+        """The cos/sin cache layer `layer` rotates with (one for every layer here)."""
+        return self.cos_sin_cache
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor | None,

@@ -28,7 +28,6 @@ from sarathi_rt import ops
 from sarathi_rt.ops._registry import KERNELS
 from sarathi_rt.ops.attention import run_attention
 from sarathi_rt.ops.linear import apply_linear
-from sarathi_rt.utils.nvtx import nvtx_detail_range
 
 from ..config import ModelConfig
 from ..context import StepContext
@@ -148,25 +147,11 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
             self._local_rope = frozenset(str(i) for i in self.shard.layers
                                          if config.layer_types[i] == "sliding_attention")
 
-    @torch.inference_mode()
-    def forward(self, ctx: StepContext, input_ids: torch.Tensor | None = None,
-                intermediate: tuple[torch.Tensor, torch.Tensor | None] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run this stage's layers; returns (hidden, residual) for the next stage or for
-        `compute_logits`."""
-        if self.shard.is_first:
-            if input_ids is None:
-                raise ValueError("input_ids is required on the first pipeline stage")
-            hidden, residual = self.shard.embed(input_ids, self.embed_tokens) * self.embed_scale, None
-        else:
-            if intermediate is None:
-                raise ValueError("intermediate (hidden, residual) is required after the first stage")
-            hidden, residual = intermediate
-        for index, layer in self.layers.items():
-            cos_sin = self.local_cos_sin_cache if index in self._local_rope else self.cos_sin_cache
-            with nvtx_detail_range(f"layer{index}", "layer"):
-                hidden, residual = layer(hidden, residual, ctx, cos_sin)
-        return hidden, residual
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().embed(input_ids) * self.embed_scale
+
+    def rope_cache(self, layer: str) -> torch.Tensor:
+        return self.local_cos_sin_cache if layer in self._local_rope else self.cos_sin_cache
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor | None,
