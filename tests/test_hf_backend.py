@@ -15,6 +15,7 @@ import torch
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.models import ParallelLayout, load_model, resolve_model
 from sarathi_rt.models.families.transformers_backend import TransformersCausalLM
+from sarathi_rt.models.registry import has_native_family
 from sarathi_rt.scheduler.registry import available_policies, get_policy
 
 transformers = pytest.importorskip("transformers")
@@ -92,14 +93,15 @@ QUICK = {"qwen3", "phi3", "olmo2", "granite", "gpt_neox", "gemma", "mixtral", "q
 def test_greedy_matches_transformers_generate(name: str, tmp_path: Path) -> None:
     """Prompts of 1-40 tokens in one batch, split into chunks of 8 under a budget of 16
     (so prefill chunks ride with decodes), run twice with prefix caching on: the second
-    run starts from cached blocks. Forced through the backend: Qwen3 has a native family
-    (tests/test_qwen3.py compares the two)."""
+    run starts from cached blocks. An architecture with a native family (Qwen3, Gemma 2
+    and 3) is forced through the backend here; its own tests compare the two paths."""
     model = _save(tmp_path, name, *ARCHITECTURES[name])
-    resolved = resolve_model(tmp_path / name, model_impl="transformers")
+    impl = "transformers" if has_native_family([ARCHITECTURES[name][1]], None) else "auto"
+    resolved = resolve_model(tmp_path / name, model_impl=impl)
     assert resolved.family.name == "transformers"
     prompts = _prompts(1, [1, 5, 17, 40])
     expected = [_generate(model, p, 6) for p in prompts]
-    with LLM(str(tmp_path / name), model_impl="transformers", token_budget=16, chunk_size=8, dtype="float32",
+    with LLM(str(tmp_path / name), model_impl=impl, token_budget=16, chunk_size=8, dtype="float32",
              enable_prefix_caching=True) as llm:
         assert isinstance(llm.engine.executor.worker.model, TransformersCausalLM)
         assert _greedy(llm, prompts, 6) == expected
@@ -122,7 +124,8 @@ def test_windows_and_soft_caps_reach_the_op(tmp_path: Path, monkeypatch: pytest.
 
     monkeypatch.setattr(ops, "hybrid_attention", spy)
     _save(tmp_path, "gemma2", *ARCHITECTURES["gemma2"])
-    with LLM(str(tmp_path / "gemma2"), token_budget=16, chunk_size=8, dtype="float32") as llm:
+    with LLM(str(tmp_path / "gemma2"), model_impl="transformers", token_budget=16, chunk_size=8,
+             dtype="float32") as llm:
         _greedy(llm, _prompts(3, [20]), 2)
     assert set(seen) == {(12, 20.0, 12), (0, 20.0, 0)}
 
@@ -223,8 +226,9 @@ def _write_config(path: Path, config: dict) -> Path:
       **SHAPE}, r"Gemma3ForCausalLM attends bidirectionally"),
 ])
 def test_what_the_backend_cannot_run_is_named(config: dict, error: str, tmp_path: Path) -> None:
+    # Forced: Gemma 3 has a native family, which refuses it in its own words (tests/test_gemma.py).
     with pytest.raises(ValueError, match=error):
-        resolve_model(_write_config(tmp_path / "m", config))
+        resolve_model(_write_config(tmp_path / "m", config), model_impl="transformers")
 
 
 # Models whose layers keep state outside the KV cache (or attend in their own code):

@@ -24,7 +24,8 @@ SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atte
              num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
 # HF architecture -> (its transformers config class, the family it is)
 BUILT_IN = {"LlamaForCausalLM": ("LlamaConfig", "llama"), "MistralForCausalLM": ("MistralConfig", "mistral"),
-            "Qwen2ForCausalLM": ("Qwen2Config", "qwen2"), "Qwen3ForCausalLM": ("Qwen3Config", "qwen3")}
+            "Qwen2ForCausalLM": ("Qwen2Config", "qwen2"), "Qwen3ForCausalLM": ("Qwen3Config", "qwen3"),
+            "Gemma2ForCausalLM": ("Gemma2Config", "gemma2"), "Gemma3ForCausalLM": ("Gemma3TextConfig", "gemma3_text")}
 
 
 class ToyForCausalLM(LlamaForCausalLM):
@@ -72,7 +73,8 @@ def test_an_unknown_architecture_is_a_named_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"unsupported architecture 'bert'.*\['llama', 'qwen2', 'qwen3'\]"):
         family_for_gguf("bert")
     with pytest.raises(ValueError,
-                       match=r"model_type must be one of \['llama', 'mistral', 'qwen2', 'qwen3', 'transformers'\], got 'gpt2'"):
+                       match=r"model_type must be one of \['gemma2', 'gemma3_text', 'llama', 'mistral', 'qwen2', "
+                             r"'qwen3', 'transformers'\], got 'gpt2'"):
         ModelConfig(**SHAPE, model_type="gpt2")
 
 

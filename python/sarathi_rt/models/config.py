@@ -16,8 +16,8 @@ from .registry import fallback_family, family_for_hf, get_family, has_native_fam
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A LLaMA-family decoder. `rope_scaling` is None or the HF dict (rope_type "llama3"
-    or "default"); `eos_token_ids` lists every id that ends generation; `model_type`
+    """A LLaMA-family decoder. `rope_scaling` is None or the HF dict (rope_type "llama3",
+    "linear" or "default"); `eos_token_ids` lists every id that ends generation; `model_type`
     names its family in `registry`. `hf_config` is the transformers config of a model the
     fallback family runs (None for the native families, which need only the fields
     above and below).
@@ -27,7 +27,10 @@ class ModelConfig:
     every layer), the rest "full_attention" (Gemma's alternating local and global
     layers); `attn_logit_softcapping` (Gemma 2: logits = cap * tanh(logits / cap));
     `query_pre_attn_scalar` (Gemma: scale = query_pre_attn_scalar ** -0.5 instead of
-    head_dim ** -0.5)."""
+    head_dim ** -0.5); `final_logit_softcapping` (Gemma 2: the same cap on the output
+    logits); `rope_local_theta` (Gemma 3: the rope base of the sliding-window layers,
+    which `rope_scaling` leaves alone; None: rope_theta). A family's model reads the ones
+    it has."""
 
     vocab_size: int
     hidden_size: int
@@ -51,6 +54,8 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None = None
     attn_logit_softcapping: float | None = None
     query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
+    rope_local_theta: float | None = None
     hf_config: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -74,8 +79,8 @@ class ModelConfig:
         get_family(self.model_type)  # a registered family, or a ValueError naming them
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-            if kind not in ("default", "llama3"):
-                raise ValueError(f"rope_scaling type must be 'default' or 'llama3', got {kind!r}")
+            if kind not in ("default", "llama3", "linear"):
+                raise ValueError(f"rope_scaling type must be 'default', 'llama3' or 'linear', got {kind!r}")
         self._check_attention_options()
         bad = [t for t in self.eos_token_ids if not 0 <= t < self.vocab_size]
         if bad:
@@ -92,7 +97,8 @@ class ModelConfig:
             unknown = sorted(set(self.layer_types) - {"sliding_attention", "full_attention"})
             if unknown:
                 raise ValueError(f"layer_types must be 'sliding_attention' or 'full_attention', got {unknown}")
-        for name in ("attn_logit_softcapping", "query_pre_attn_scalar"):
+        for name in ("attn_logit_softcapping", "query_pre_attn_scalar", "final_logit_softcapping",
+                     "rope_local_theta"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value) or value <= 0):
@@ -127,6 +133,8 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         family = family_for_hf(d.get("architectures"), d.get("model_type"))
+        if family.normalize_hf is not None:
+            d = family.normalize_hf(d)
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act must be 'silu' (SwiGLU), got {d['hidden_act']!r}")
         window = d.get("sliding_window")
@@ -157,7 +165,8 @@ class ModelConfig:
             mlp_bias=bool(d.get("mlp_bias", False)), model_type=family.name, eos_token_ids=eos_ids,
             initializer_range=d.get("initializer_range", 0.02), sliding_window=window,
             layer_types=None if layer_types is None else tuple(layer_types),
-            attn_logit_softcapping=d.get("attn_logit_softcapping"), query_pre_attn_scalar=d.get("query_pre_attn_scalar"))
+            attn_logit_softcapping=d.get("attn_logit_softcapping"), query_pre_attn_scalar=d.get("query_pre_attn_scalar"),
+            final_logit_softcapping=d.get("final_logit_softcapping"), rope_local_theta=d.get("rope_local_base_freq"))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, model_impl: str = "auto",
@@ -208,7 +217,9 @@ class ModelConfig:
                 d["layer_types"] = list(self.layer_types)
             elif family.max_window_layers is not None:
                 d["max_window_layers"] = 0  # every layer slides, whatever the family's default says
-        for name in ("attn_logit_softcapping", "query_pre_attn_scalar"):
+        for name in ("attn_logit_softcapping", "query_pre_attn_scalar", "final_logit_softcapping"):
             if getattr(self, name) is not None:
                 d[name] = getattr(self, name)
+        if self.rope_local_theta is not None:
+            d["rope_local_base_freq"] = self.rope_local_theta
         return d

@@ -159,7 +159,11 @@ class LlamaForCausalLM(nn.Module):
     """One pipeline stage of the model (the whole model with the default layout).
 
     The first stage embeds token ids; later stages take the previous stage's
-    (hidden, residual). The last stage owns the final norm and lm_head."""
+    (hidden, residual). The last stage owns the final norm and lm_head. A family that
+    keeps this layout but changes its layers or norm (Gemma) names its own classes here."""
+
+    decoder_layer: type[nn.Module] = DecoderLayer
+    final_norm: type[nn.Module] = RMSNorm
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", layout: ParallelLayout | None = None) -> None:
@@ -172,9 +176,9 @@ class LlamaForCausalLM(nn.Module):
         needs_embed = self.shard.is_first or (self.shard.is_last and config.tie_word_embeddings)
         vocab = len(self.shard.vocab)  # this rank's slice of the vocabulary
         self.embed_tokens = _param(vocab, hidden, dtype=dtype, device=device) if needs_embed else None
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, i, self.shard, dtype, device)
+        self.layers = nn.ModuleDict({str(i): self.decoder_layer(config, i, self.shard, dtype, device)
                                      for i in self.shard.layers})
-        self.norm = RMSNorm(hidden, config.rms_norm_eps, dtype, device) if self.shard.is_last else None
+        self.norm = self.final_norm(hidden, config.rms_norm_eps, dtype, device) if self.shard.is_last else None
         self.lm_head: nn.Parameter | None = None
         if self.shard.is_last:
             self.lm_head = self.embed_tokens if config.tie_word_embeddings else \
@@ -219,15 +223,23 @@ class LlamaForCausalLM(nn.Module):
         if self.shard.is_first:
             if input_ids is None:
                 raise ValueError("input_ids is required on the first pipeline stage")
-            hidden, residual = self.shard.embed(input_ids, self.embed_tokens), None
+            hidden, residual = self.embed(input_ids), None
         else:
             if intermediate is None:
                 raise ValueError("intermediate (hidden, residual) is required after the first stage")
             hidden, residual = intermediate
         for index, layer in self.layers.items():
             with nvtx_detail_range(f"layer{index}", "layer"):
-                hidden, residual = layer(hidden, residual, ctx, self.cos_sin_cache)
+                hidden, residual = layer(hidden, residual, ctx, self.rope_cache(index))
         return hidden, residual
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The first stage's input rows for `input_ids` (a family may scale them)."""
+        return self.shard.embed(input_ids, self.embed_tokens)
+
+    def rope_cache(self, layer: str) -> torch.Tensor:
+        """The cos/sin cache layer `layer` rotates with (one for every layer here)."""
+        return self.cos_sin_cache
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor | None,

@@ -15,6 +15,7 @@ from safetensors import safe_open
 
 from .config import ModelConfig
 from .llama import LlamaForCausalLM
+from .registry import get_family
 
 # A reader fills `dest` with the tensor under an HF name restricted to `index` (a slice
 # tuple), raising ValueError when the shapes differ. Writing into the parameter itself
@@ -67,6 +68,8 @@ def _targets(model: LlamaForCausalLM, name: str) -> list[tuple[torch.Tensor, tup
             rows = shard.column_slice(kind)
             start = offsets[kind]
             return [(dest[start:start + rows.stop - rows.start], (rows,))]
+    if rest in _layer_tensors(cfg):  # the family's own per-layer tensors (Gemma's extra norms)
+        return [(layer.get_parameter(rest), (ALL,))]
     raise ValueError(f"tensor {name!r} has no place in a {cfg.model_type} model with this config")
 
 
@@ -170,6 +173,11 @@ def load_checkpoint(model: LlamaForCausalLM, path: str | Path) -> None:
         _load(model, sorted(handles), read)
 
 
+def _layer_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    extra = get_family(config.model_type).layer_tensors
+    return {} if extra is None else extra(config)
+
+
 def hf_tensor_shapes(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor name and full shape a HF checkpoint of `config` holds."""
     h = config.hidden_size
@@ -178,6 +186,7 @@ def hf_tensor_shapes(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]
         yield "lm_head.weight", (config.vocab_size, h)
     yield "model.norm.weight", (h,)
     sizes = {"q": config.q_size, "k": config.kv_size, "v": config.kv_size}
+    extra = _layer_tensors(config)
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         yield p + "input_layernorm.weight", (h,)
@@ -199,6 +208,8 @@ def hf_tensor_shapes(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]
         yield p + "mlp.down_proj.weight", (h, config.intermediate_size)
         if config.mlp_bias:
             yield p + "mlp.down_proj.bias", (h,)
+        for name, shape in extra.items():
+            yield p + name, shape
 
 
 def init_random(model: LlamaForCausalLM, seed: int = 0) -> None:

@@ -27,6 +27,11 @@ class Family:
     layers before it attend fully when the config lists no `layer_types`), used when a
     config leaves it out. `qk_norm`: q and k pass a per-head RMSNorm (weight of size
     head_dim) before rotary (Qwen3); the HF tensors are `self_attn.q_norm` / `k_norm`.
+    `normalize_hf` rewrites the family's config.json dict into the keys and spellings
+    ModelConfig.from_hf_dict reads (its transformers class defaults filled in), raising
+    ValueError for what the family's model cannot run. `layer_tensors` ((config) ->
+    {name within a layer: shape}) lists the tensors each layer holds beyond the LLaMA
+    layout's; each loads whole into the layer's parameter of that name.
 
     `read_config` marks the fallback family (at most one): it runs any HF checkpoint
     whose architectures no other family names, reading the checkpoint directory itself
@@ -44,6 +49,8 @@ class Family:
     always_sliding: bool = False
     max_window_layers: int | None = None
     qk_norm: bool = False
+    normalize_hf: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    layer_tensors: Callable[..., dict[str, tuple[int, ...]]] | None = None
     read_config: Callable[..., Any] | None = None
     load_weights: Callable[..., None] | None = None
 

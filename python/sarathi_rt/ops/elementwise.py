@@ -105,8 +105,8 @@ def _rope_scaling_type(rope_scaling: dict | None) -> str:
     if not isinstance(rope_scaling, dict):
         raise TypeError(f"rope_scaling must be a dict or None, got {type(rope_scaling).__name__}")
     kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-    if kind not in ("default", "llama3"):
-        raise ValueError(f"rope_scaling: unsupported rope_type {kind!r} (supported: 'default', 'llama3')")
+    if kind not in ("default", "llama3", "linear"):
+        raise ValueError(f"rope_scaling: unsupported rope_type {kind!r} (supported: 'default', 'llama3', 'linear')")
     return kind
 
 
@@ -135,8 +135,9 @@ def rope_cos_sin_cache(rotary_dim: int, max_position: int, base: float, rope_sca
                        dtype: DTypeLike = torch.float32) -> torch.Tensor:
     """[max_position, rotary_dim] = cat(cos, sin) of position * inv_freq, for `rotary_embedding`.
 
-    rope_scaling: None, {"rope_type" (or "type"): "default"} or {"rope_type": "llama3",
-    "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}.
+    rope_scaling: None, {"rope_type" (or "type"): "default"}, {"rope_type": "llama3",
+    "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    or {"rope_type": "linear", "factor"} (positions divided by factor).
     In float32 every value equals transformers' LlamaRotaryEmbedding cos/sin; float64
     gives a more exact cache for references.
     """
@@ -152,6 +153,11 @@ def rope_cos_sin_cache(rotary_dim: int, max_position: int, base: float, rope_sca
     inv_freq = 1.0 / (base ** exponents)
     if kind == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+    elif kind == "linear":
+        factor = rope_scaling.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+            raise ValueError(f"rope_scaling['factor'] must be a positive number, got {factor!r}")
+        inv_freq = inv_freq / factor  # as transformers scales it: the frequencies, not the positions
     freqs = torch.arange(max_position, dtype=torch.int64).to(dtype)[:, None] * inv_freq[None, :]
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
 
