@@ -9,8 +9,11 @@ import logging
 import pytest
 import torch
 
-from sarathi_rt import LLM, SamplingParams
+from sarathi_rt import LLM, SamplingParams, ops
 from sarathi_rt.engine.compiled_forward import CompiledForward, buckets_for
+from sarathi_rt.ops.attention import run_attention
+
+from attention_batches import make_batch
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 # Prefills of 3-45 tokens, chunked under a 48-token budget, then decodes of 7 down to 1
@@ -48,6 +51,24 @@ def test_buckets_are_powers_of_two_from_16() -> None:
     assert buckets_for(65) == (16, 32, 64, 128)
     with pytest.raises(ValueError, match="max_tokens must be positive"):
         buckets_for(0)
+
+
+def test_planned_attention_leaves_padding_rows_alone() -> None:
+    """A bucketed step's q has rows past the batch's last token: the planned CPU kernel
+    computes the batch's rows as without them and neither reads nor writes the others."""
+    batch = make_batch([(1, 20), (5, 5), (3, 9)], block_size=4, num_kv_heads=2, group=2, head_dim=16)
+    tokens = batch.q.shape[0]
+    plan = ops.plan_attention(batch.cu_seqlens_q, batch.seqlens_k, batch.block_tables, batch.k_cache,
+                              batch.q.shape[1])
+    want = torch.empty_like(batch.q)
+    run_attention(plan, batch.q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seqlens_k,
+                  batch.block_tables, 0.25, want)
+    padded_q = torch.cat([batch.q, torch.full((16 - tokens, *batch.q.shape[1:]), float("nan"))])
+    out = torch.full_like(padded_q, 7.0)
+    run_attention(plan, padded_q, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seqlens_k,
+                  batch.block_tables, 0.25, out)
+    assert torch.equal(out[:tokens], want)
+    assert torch.equal(out[tokens:], torch.full_like(out[tokens:], 7.0))
 
 
 def test_compile_option_is_checked() -> None:

@@ -55,9 +55,9 @@ class ModelOptions:
                                      "forces one", choices=MODEL_IMPLS)
     trust_remote_code: bool = option(False, "let a Hugging Face directory run modelling code it ships (as in "
                                             "transformers)")
-    compile: str = option("auto", "run the CPU forward's layers under torch.compile (inductor), the step's "
-                                  "tokens padded to power-of-two buckets; auto: what measured faster on the "
-                                  "CPU (docs/cpu.md)", choices=COMPILE_MODES)
+    compile: str = option("auto", "on: run the CPU forward under torch.compile (inductor), the step's tokens "
+                                  "padded to power-of-two buckets (seconds of start-up); auto and off: eagerly, "
+                                  "which measured faster (docs/cpu.md)", choices=COMPILE_MODES)
 
     def _check_model(self) -> None:
         import torch

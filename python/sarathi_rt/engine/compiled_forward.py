@@ -36,8 +36,6 @@ from sarathi_rt.ops._registry import KERNELS
 log = logging.getLogger("sarathi_rt")
 
 SMALLEST_BUCKET = 16
-# What `compile="auto"` picks: see bench/RESULTS.md ("compiled forward") for the pairs.
-AUTO_COMPILES = False
 
 Activations = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -67,9 +65,15 @@ def _op_caller(op: Any) -> Callable[..., Any]:
 
 def stage_forward(model: CausalLM, mode: str, max_tokens: int) -> Callable[..., Activations]:
     """What a worker runs its stage's forward with, for the config's `compile` mode: the
-    model itself, or the model under a CompiledForward for steps of up to max_tokens."""
-    compiles = mode == "on" or (mode == "auto" and AUTO_COMPILES and model.device.type == "cpu")
-    return CompiledForward(model, max_tokens) if compiles else model
+    model itself, or the model under a CompiledForward for steps of up to max_tokens.
+
+    "auto" runs eagerly on every host kind. What compiling can save is the Python between
+    our kernels (the split's "other", ~0.13-0.15 ms of a tiny step); what it adds is
+    paid per step whatever the ISA: dynamo's guards over the graph's ~30 inputs, a
+    dispatcher round trip per kernel call (eagerly the layers skip it, see
+    ops/_registry.py) and the padding. Measured in interleaved pairs the compiled step
+    was slower (bench/RESULTS.md, "compiled forward"), and it costs seconds of start-up."""
+    return CompiledForward(model, max_tokens) if mode == "on" else model
 
 
 def buckets_for(max_tokens: int) -> tuple[int, ...]:
