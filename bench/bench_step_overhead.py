@@ -119,7 +119,7 @@ def measure(decodes: int, steps: int, repeats: int, threads: int, compile_mode: 
     result: dict[str, Any] = {"wall_ms": statistics.median(r[0] for r in runs) * 1e3,
                               "cpu_ms": statistics.median(r[1] for r in runs) * 1e3,
                               "runs_ms": [r[0] * 1e3 for r in runs], "startup_s": startup,
-                              "compilations": getattr(compiled, "compilations", 0)}
+                              "compile_s": getattr(compiled, "compile_seconds", {})}
     if splits:
         result["split_ms"] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
     return result
@@ -150,8 +150,11 @@ def compare_compiled(args: argparse.Namespace) -> None:
                                    "compiled": (here, child_args(args) + ["--compile", "on"])}, args.compile_pairs)
     print_pairs(args, results, ("eager", "eager   "), ("compiled", "compiled"))
     startup = {side: statistics.median(r["startup_s"] for r in results[side]) for side in results}
-    print(f"  LLM() start-up, median: eager {startup['eager']:.2f} s, compiled {startup['compiled']:.2f} s; "
-          f"graphs compiled per process: {', '.join(str(r['compilations']) for r in results['compiled'])}")
+    print(f"  LLM() start-up, median: eager {startup['eager']:.2f} s, compiled {startup['compiled']:.2f} s")
+    for bucket in sorted({b for r in results["compiled"] for b in r["compile_s"]}, key=int):
+        seconds = [r["compile_s"][bucket] for r in results["compiled"] if bucket in r["compile_s"]]
+        print(f"  bucket {bucket}: compiled in {len(seconds)} of the processes, median {statistics.median(seconds):.2f} s "
+              f"(the step that compiled it)")
 
 
 def print_pairs(args: argparse.Namespace, results: dict[str, list[dict]], base_side: tuple[str, str],

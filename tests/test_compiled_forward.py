@@ -94,6 +94,7 @@ def test_compiled_equals_eager_across_buckets() -> None:
     assert {forward.bucket(n) for n in eager_steps} == {16, 32, 64}
     assert len(set(eager_steps)) > 6
     assert forward.compilations == 3 and forward.failure is None
+    assert sorted(forward.compile_seconds) == [16, 32, 64] and min(forward.compile_seconds.values()) > 0
     assert compiled_tokens == eager_tokens
     for step, (want, got) in enumerate(zip(eager_logits, compiled_logits)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"step {step}: {m}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -89,15 +90,19 @@ def buckets_for(max_tokens: int) -> tuple[int, ...]:
 class CompiledForward:
     """Call it like the model (`forward(ctx, input_ids=..., intermediate=...)`); a step
     runs compiled at the bucket that holds its tokens, eagerly above the largest one or
-    after a failure (`failure` says what failed). `compilations` counts the graphs compiled so far (a bucket
+    after a failure (`failure` says what failed). A bucket compiles on its first step:
+    the worker's warm-up compiles the smallest at start-up, the others compile when a
+    step first needs them. `compilations` counts the graphs compiled so far (a bucket
     compiles once; a larger attention plan, made when a step outgrows the one the runner
-    holds, compiles its bucket again)."""
+    holds, compiles its bucket again); `compile_seconds[bucket]` is the wall time of the
+    steps that compiled it (tracing, inductor and the step itself)."""
 
     def __init__(self, model: CausalLM, max_tokens: int) -> None:
         self.model = model
         self.buckets = buckets_for(max_tokens)
         self.compilations = 0
         self.failure: str | None = None
+        self.compile_seconds: dict[int, float] = {}
         self._pads: dict[int, torch.Tensor] = {}
         _trace_kernels_as_ops()
         # fullgraph: a graph break or more graphs than the limit raise (and fall back
@@ -126,12 +131,15 @@ class CompiledForward:
         if size is None:
             return self.model(ctx, input_ids=input_ids, intermediate=intermediate)
         padded_ctx, padded_ids, padded_inter = self._pad(size, ctx, input_ids, intermediate)
+        compiled_before, start = self.compilations, time.perf_counter()
         try:
             hidden, residual = self._compiled(padded_ctx, input_ids=padded_ids, intermediate=padded_inter)
         except Exception as exc:  # noqa: BLE001 - any compiler fault: run eagerly from now on
             self.failure = f"{size} tokens: {type(exc).__name__}: {exc}"
             log.warning("compiled forward failed at %s; every step runs eagerly from now on", self.failure)
             return self.model(ctx, input_ids=input_ids, intermediate=intermediate)
+        if self.compilations != compiled_before:
+            self.compile_seconds[size] = self.compile_seconds.get(size, 0.0) + time.perf_counter() - start
         return hidden[:tokens], None if residual is None else residual[:tokens]
 
     def _pad(self, size: int, ctx: StepContext, input_ids: torch.Tensor | None,
