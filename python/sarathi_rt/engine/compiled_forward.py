@@ -1,10 +1,11 @@
 """A model stage's forward under torch.compile (inductor), at a bounded set of token counts.
 
-Eager, every op of every layer is a Python call: ~0.15 ms of a small model's step on the
-CPU is the torch glue between our kernels (views, empty_like, the linears' padding),
-paid again for each of its layers (bench/RESULTS.md, step overhead). Compiled, the
-layers run as one graph whose glue inductor generates; our kernels stay opaque ops in it
-(they are registered with the dispatcher, with fake implementations: ops/_registry.py).
+Eager, every op of every layer is a Python call: the step split's "other" (the torch
+glue between our kernels: views, empty_like, the linears' padding, module calls) is
+~0.15 ms of a tiny step on the CPU. Compiled, the layers run as one graph whose glue
+inductor generates; our kernels stay opaque ops in it (they are registered with the
+dispatcher, with fake implementations: ops/_registry.py). Measured, that was slower than
+eager, so it runs only when asked for (`stage_forward`).
 
 The graph is specialised to its shapes, so a step's token count is padded up to a
 bucket: the powers of two from 16 (the CPU linears pad rows to 16 anyway, see
@@ -69,11 +70,12 @@ def stage_forward(model: CausalLM, mode: str, max_tokens: int) -> Callable[..., 
     model itself, or the model under a CompiledForward for steps of up to max_tokens.
 
     "auto" runs eagerly on every host kind. What compiling can save is the Python between
-    our kernels (the split's "other", ~0.13-0.15 ms of a tiny step); what it adds is
+    our kernels (the split's "other", 0.13-0.16 ms of a tiny step); what it adds is
     paid per step whatever the ISA: dynamo's guards over the graph's ~30 inputs, a
     dispatcher round trip per kernel call (eagerly the layers skip it, see
     ops/_registry.py) and the padding. Measured in interleaved pairs the compiled step
-    was slower (bench/RESULTS.md, "compiled forward"), and it costs seconds of start-up."""
+    was slower (bench/RESULTS.md, "The forward under torch.compile"), and it costs
+    seconds of start-up."""
     return CompiledForward(model, max_tokens) if mode == "on" else model
 
 
