@@ -107,7 +107,7 @@ def measure(decodes: int, steps: int, repeats: int, threads: int, compile_mode: 
     except ImportError:  # a baseline from before the breakdown
         StepSplit = None
     worker = getattr(llm.engine.executor, "worker", None)
-    compiled = getattr(worker, "forward", None) if worker is not None else None
+    compiled = getattr(worker, "run_stage", None) if worker is not None else None
     if compiled is not None and compiled is not worker.model:
         StepSplit = None
     run_once(llm, decodes, 20)  # warm-up

@@ -79,7 +79,7 @@ def test_compile_option_is_checked() -> None:
 def test_auto_and_off_run_eagerly() -> None:
     for mode in ("auto", "off"):
         worker = LLM("tiny", num_kv_blocks=16, compile=mode).engine.executor.worker
-        assert worker.forward is worker.model, mode
+        assert worker.run_stage is worker.model, mode
 
 
 @pytest.mark.slow
@@ -89,7 +89,7 @@ def test_compiled_equals_eager_across_buckets() -> None:
     compiled_tokens, compiled_logits, compiled_steps = _run(compiled)
     assert compiled_steps == eager_steps
     # Steps of 1 to 48 tokens ran through every bucket: a graph per bucket, not per size.
-    forward = compiled.engine.executor.worker.forward
+    forward = compiled.engine.executor.worker.run_stage
     assert isinstance(forward, CompiledForward) and forward.buckets == (16, 32, 64)
     assert {forward.bucket(n) for n in eager_steps} == {16, 32, 64}
     assert len(set(eager_steps)) > 6
@@ -113,7 +113,7 @@ def test_a_compile_failure_falls_back_to_eager_once(monkeypatch: pytest.MonkeyPa
     with caplog.at_level(logging.WARNING, logger="sarathi_rt"):
         compiled = _engine("on")
         tokens, logits, _ = _run(compiled)
-    forward = compiled.engine.executor.worker.forward
+    forward = compiled.engine.executor.worker.run_stage
     assert forward.failure is not None and "inductor is broken on purpose" in forward.failure
     assert forward.bucket(16) is None and forward.compilations == 1
     warnings = [r.getMessage() for r in caplog.records if "compiled forward failed" in r.getMessage()]
