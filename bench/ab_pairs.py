@@ -21,12 +21,20 @@ def run_pairs(script: str, args: list[str], baseline: str, pairs: int) -> dict[s
     """{"baseline": [...], "this": [...]}: the JSON of the last line each child of
     `python script *args` printed, with `baseline` (another checkout's python/ directory)
     or this package first on PYTHONPATH, in `pairs` alternating pairs."""
-    child = [sys.executable, os.path.abspath(script), *args]
-    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+    return run_sides(script, {"baseline": (baseline, args), "this": (this_package(), args)}, pairs)
+
+
+def run_sides(script: str, sides: dict[str, tuple[str, list[str]]], pairs: int) -> dict[str, list[dict]]:
+    """{side: [...]} for two sides, each (package directory first on PYTHONPATH, the
+    script's arguments): the JSON of the last line each child printed, in `pairs`
+    pairs that alternate which side goes first."""
+    first, second = sides
+    runs: dict[str, list[dict]] = {first: [], second: []}
     for pair in range(pairs):
-        for side in (("baseline", "this") if pair % 2 == 0 else ("this", "baseline")):
-            path = baseline if side == "baseline" else this_package()
+        for side in ((first, second) if pair % 2 == 0 else (second, first)):
+            path, args = sides[side]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])}
-            out = subprocess.run(child, env=env, check=True, capture_output=True, text=True).stdout
+            out = subprocess.run([sys.executable, os.path.abspath(script), *args], env=env, check=True,
+                                 capture_output=True, text=True).stdout
             runs[side].append(json.loads(out.splitlines()[-1]))
     return runs

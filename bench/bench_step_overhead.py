@@ -4,6 +4,7 @@ decodes, where the model's compute is a small part of the step and the rest is P
 
     python bench/bench_step_overhead.py [--decodes 64] [--steps 300] [--repeats 5]
     python bench/bench_step_overhead.py --baseline OLD/python [--pairs 5]
+    python bench/bench_step_overhead.py --compile-pairs 5
 
 Prints the median wall ms per step over `repeats` runs of `steps` decode steps each,
 the process CPU ms per step, and the ratio to the targets (0.8 ms on a quiet machine,
@@ -22,6 +23,13 @@ alternating which goes first, and prints both medians and the median of the pair
 this VM's speed drifts by up to 2x within minutes, so only a comparison made in the same
 minutes means anything (`git worktree add /tmp/base <commit>` and build it in place for
 the baseline). A baseline without `harness.step_split` prints no breakdown.
+
+--compile on|off|auto sets the engine's `compile` option (engine/compiled_forward.py);
+a compiled forward runs as one graph, so its runs print no breakdown. --compile-pairs N
+runs N pairs of fresh processes of this package, eager (--compile off) against compiled
+(--compile on), alternating which goes first, and prints the same medians and ratios,
+and the median seconds the compiled side's `LLM()` took (it compiles the warm-up step's
+bucket; the 64-decode steps compile theirs during the untimed warm-up).
 """
 from __future__ import annotations
 
@@ -42,7 +50,7 @@ os.environ.setdefault("OMP_NUM_THREADS", _threads)
 import torch  # noqa: E402
 
 from sarathi_rt import LLM, SamplingParams  # noqa: E402
-from ab_pairs import run_pairs, this_package  # noqa: E402
+from ab_pairs import run_pairs, run_sides, this_package  # noqa: E402
 
 QUIET_TARGET_MS, LOADED_TARGET_MS = 0.8, 1.5
 
@@ -86,16 +94,22 @@ def run_once(llm: LLM, decodes: int, steps: int, split: Any = None) -> tuple[flo
     return statistics.median(times), cpu, breakdown
 
 
-def measure(decodes: int, steps: int, repeats: int, threads: int) -> dict[str, Any]:
+def measure(decodes: int, steps: int, repeats: int, threads: int, compile_mode: str | None) -> dict[str, Any]:
     """Bare runs for the headline; after each, a timed run for the breakdown (absent
-    when the package measured has no step_split)."""
+    when the package measured has no step_split, or the forward is compiled)."""
     torch.set_num_threads(threads)
-    llm = LLM("tiny", token_budget=max(decodes, 64), max_num_seqs=decodes, num_kv_blocks=1024)
+    options = {} if compile_mode is None else {"compile": compile_mode}
+    start = time.perf_counter()
+    llm = LLM("tiny", token_budget=max(decodes, 64), max_num_seqs=decodes, num_kv_blocks=1024, **options)
+    startup = time.perf_counter() - start
     try:
         from sarathi_rt.harness.step_split import StepSplit
     except ImportError:  # a baseline from before the breakdown
         StepSplit = None
     worker = getattr(llm.engine.executor, "worker", None)
+    compiled = getattr(worker, "run_stage", None) if worker is not None else None
+    if compiled is not None and compiled is not worker.model:
+        StepSplit = None
     run_once(llm, decodes, 20)  # warm-up
     runs, splits = [], []
     for _ in range(repeats):
@@ -104,7 +118,8 @@ def measure(decodes: int, steps: int, repeats: int, threads: int) -> dict[str, A
             splits.append(run_once(llm, decodes, steps, StepSplit(worker, llm.engine))[2])
     result: dict[str, Any] = {"wall_ms": statistics.median(r[0] for r in runs) * 1e3,
                               "cpu_ms": statistics.median(r[1] for r in runs) * 1e3,
-                              "runs_ms": [r[0] * 1e3 for r in runs]}
+                              "runs_ms": [r[0] * 1e3 for r in runs], "startup_s": startup,
+                              "compile_s": getattr(compiled, "compile_seconds", {})}
     if splits:
         result["split_ms"] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
     return result
@@ -116,30 +131,55 @@ def print_split(label: str, split: dict[str, float]) -> None:
           + f" ms/step (timed steps: {split['timed']:.3f} ms, the faster half of each timed run)")
 
 
+def child_args(args: argparse.Namespace) -> list[str]:
+    return ["--json", "--decodes", str(args.decodes), "--steps", str(args.steps), "--repeats", str(args.repeats),
+            "--threads", str(args.threads)]
+
+
 def compare(args: argparse.Namespace) -> None:
     """Pairs of fresh processes, the baseline's package and this one's, in alternating
     order; each prints its measure() as JSON."""
+    results = run_pairs(__file__, child_args(args), args.baseline, args.pairs)
+    print_pairs(args, results, ("baseline", f"baseline {args.baseline}"), ("this", f"this     {this_package()}"))
+
+
+def compare_compiled(args: argparse.Namespace) -> None:
+    """Pairs of fresh processes of this package, eager and compiled."""
     here = this_package()
-    results = run_pairs(__file__, ["--json", "--decodes", str(args.decodes), "--steps", str(args.steps),
-                                   "--repeats", str(args.repeats), "--threads", str(args.threads)],
-                        args.baseline, args.pairs)
-    base = [r["wall_ms"] for r in results["baseline"]]
-    this = [r["wall_ms"] for r in results["this"]]
+    results = run_sides(__file__, {"eager": (here, child_args(args) + ["--compile", "off"]),
+                                   "compiled": (here, child_args(args) + ["--compile", "on"])}, args.compile_pairs)
+    print_pairs(args, results, ("eager", "eager   "), ("compiled", "compiled"))
+    startup = {side: statistics.median(r["startup_s"] for r in results[side]) for side in results}
+    print(f"  LLM() start-up, median: eager {startup['eager']:.2f} s, compiled {startup['compiled']:.2f} s")
+    for bucket in sorted({b for r in results["compiled"] for b in r["compile_s"]}, key=int):
+        seconds = [r["compile_s"][bucket] for r in results["compiled"] if bucket in r["compile_s"]]
+        print(f"  bucket {bucket}: compiled in {len(seconds)} of the processes, median {statistics.median(seconds):.2f} s "
+              f"(the step that compiled it)")
+
+
+def print_pairs(args: argparse.Namespace, results: dict[str, list[dict]], base_side: tuple[str, str],
+                this_side: tuple[str, str]) -> None:
+    """Both sides' medians, the median of the pairs' ratios (second side / first) and the
+    fastest runs, the targets and each side's breakdown where it has one."""
+    (base_key, base_label), (this_key, this_label) = base_side, this_side
+    base = [r["wall_ms"] for r in results[base_key]]
+    this = [r["wall_ms"] for r in results[this_key]]
     ratios = [t / b for t, b in zip(this, base)]
-    print(f"tiny, {args.decodes} decodes, {args.threads} thread(s), {args.pairs} pairs of processes:")
-    print(f"  baseline {args.baseline}: median {statistics.median(base):.3f} ms/step "
-          f"(pairs: {', '.join(f'{x:.3f}' for x in base)})")
-    print(f"  this     {here}: median {statistics.median(this):.3f} ms/step "
-          f"(pairs: {', '.join(f'{x:.3f}' for x in this)})")
-    print(f"  this / baseline: median {statistics.median(ratios):.2f}x (pairs {min(ratios):.2f}-{max(ratios):.2f}x)")
+    print(f"tiny, {args.decodes} decodes, {args.threads} thread(s), {len(ratios)} pairs of processes:")
+    for label, values in ((base_label, base), (this_label, this)):
+        print(f"  {label}: median {statistics.median(values):.3f} ms/step "
+              f"(pairs: {', '.join(f'{x:.3f}' for x in values)})")
+    print(f"  {this_key} / {base_key}: median {statistics.median(ratios):.2f}x "
+          f"(pairs {min(ratios):.2f}-{max(ratios):.2f}x)")
     # The VM alternates between a fast and a slow state (up to 2x) within minutes: the
     # fastest run of each side is its time in the fast state.
-    print(f"  fastest run: baseline {min(base):.3f} ms, this {min(this):.3f} ms ({min(this) / min(base):.2f}x)")
+    print(f"  fastest run: {base_key} {min(base):.3f} ms, {this_key} {min(this):.3f} ms "
+          f"({min(this) / min(base):.2f}x)")
     print_targets(statistics.median(this), min(this))
-    for side, label in (("baseline", "baseline split"), ("this", "this split    ")):
+    for side in (base_key, this_key):
         splits = [r["split_ms"] for r in results[side] if "split_ms" in r]
         if splits:
-            print_split(label, {k: statistics.median(s[k] for s in splits) for k in splits[0]})
+            print_split(f"{side} split", {k: statistics.median(s[k] for s in splits) for k in splits[0]})
 
 
 def print_targets(median: float, fastest: float) -> None:
@@ -158,17 +198,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads (1: overhead, not compute)")
     ap.add_argument("--baseline", default=None, help="another checkout's python/ directory to compare with")
     ap.add_argument("--pairs", type=int, default=5, help="with --baseline: pairs of processes")
+    ap.add_argument("--compile", default=None, choices=("auto", "on", "off"),
+                    help="the engine's compile option (default: the engine's default)")
+    ap.add_argument("--compile-pairs", type=int, default=0,
+                    help="pairs of processes of this package, eager against compiled")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = ap.parse_args()
     if args.smoke:
         args.decodes, args.steps, args.repeats, args.pairs = 8, 10, 1, 1
+        args.compile_pairs = min(args.compile_pairs, 1)
     if args.baseline is not None:
         if not os.path.isdir(os.path.join(args.baseline, "sarathi_rt")):
             raise SystemExit(f"--baseline must be a directory holding the sarathi_rt package, got {args.baseline!r}")
         compare(args)
         return
-    r = measure(args.decodes, args.steps, args.repeats, args.threads)
+    if args.compile_pairs:
+        compare_compiled(args)
+        return
+    r = measure(args.decodes, args.steps, args.repeats, args.threads, args.compile)
     if args.json:
         print(json.dumps(r))
         return

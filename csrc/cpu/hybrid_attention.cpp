@@ -513,11 +513,16 @@ Status hybrid_attention_cpu(const HybridAttentionParams& p) {
 
 Status hybrid_attention_cpu_planned(const HybridAttentionParams& p, const int32_t* plan,
                                     const AttentionPlanCapacity& cap) {
-  Status st = validate_attention_options(p);
-  if (st.ok()) st = validate_attention_indices(p);
-  if (st.ok()) st = validate_cpu_attention_plan(p, plan, cap);
+  // q and out may have rows past the batch's last token: a step padded up to a compiled
+  // bucket (python/sarathi_rt/engine/compiled_forward.py). No work item of the plan names
+  // them, so they are neither read nor written; the checks see the batch's own rows.
+  HybridAttentionParams rows = p;
+  if (p.total_q > p.cu_seqlens_q[p.batch] && p.cu_seqlens_q[p.batch] >= 0) rows.total_q = p.cu_seqlens_q[p.batch];
+  Status st = validate_attention_options(rows);
+  if (st.ok()) st = validate_attention_indices(rows);
+  if (st.ok()) st = validate_cpu_attention_plan(rows, plan, cap);
   if (!st.ok()) return st;
-  run_plan(p, plan, cap);
+  run_plan(rows, plan, cap);
   return Status::Ok();
 }
 

@@ -31,6 +31,8 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 # How a Hugging Face checkpoint runs: "auto" natively when a family names it, else
 # through transformers' model (models/families/transformers_backend); the others force one.
 MODEL_IMPLS = ("auto", "native", "transformers")
+# Whether a CPU stage's forward runs under torch.compile (engine/compiled_forward.py).
+COMPILE_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +55,9 @@ class ModelOptions:
                                      "forces one", choices=MODEL_IMPLS)
     trust_remote_code: bool = option(False, "let a Hugging Face directory run modelling code it ships (as in "
                                             "transformers)")
+    compile: str = option("auto", "on: run the CPU forward under torch.compile (inductor), the step's tokens "
+                                  "padded to power-of-two buckets (seconds of start-up); auto and off: eagerly, "
+                                  "which measured faster (docs/cpu.md)", choices=COMPILE_MODES)
 
     def _check_model(self) -> None:
         import torch
@@ -78,6 +83,10 @@ class ModelOptions:
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
         boolean("trust_remote_code", self.trust_remote_code)
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {list(COMPILE_MODES)}, got {self.compile!r}")
+        if self.compile == "on" and device.type != "cpu":
+            raise ValueError(f"compile='on' runs on the CPU only, but device is {self.device!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ from sarathi_rt.models import CausalLM, ParallelLayout, ResolvedModel, load_mode
 from sarathi_rt.utils.nvtx import nvtx_detail_range, nvtx_range
 
 from sarathi_rt.config import EngineConfig
+from .compiled_forward import stage_forward
 from .memory import auto_num_blocks, available_bytes
 from .model_runner import ModelRunner
 from .outputs import TokenLogprob
@@ -67,6 +68,7 @@ class Worker:
         self.model.bind_kv_cache(self.kv_cache)
         self.runner = ModelRunner(self.model, self.kv_cache, self.config.block_size, self.config.max_num_seqs,
                                   self.config.token_budget)
+        self.run_stage = stage_forward(self.model, self.config.compile, self.config.token_budget)
         self.startup_seconds["kv_cache"] = time.perf_counter() - start
         start = time.perf_counter()
         self._warm_up()
@@ -84,8 +86,8 @@ class Worker:
             if step.block_copies:  # before the forward writes the copies' next tokens
                 self.kv_cache.copy_blocks(step.block_copies)
         with nvtx_range("forward"):
-            hidden, residual = self.model(ctx, input_ids=input_ids if self.is_first else None,
-                                          intermediate=intermediate)
+            hidden, residual = self.run_stage(ctx, input_ids=input_ids if self.is_first else None,
+                                              intermediate=intermediate)
             if not self.is_last:
                 assert residual is not None  # every stage runs at least one layer
                 return hidden, residual
