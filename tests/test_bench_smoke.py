@@ -56,6 +56,8 @@ EXPECT = {
     "bench_scheduler.py": r"median/target",
     "bench_sim.py": r"simulator / scheduler = ",
     "bench_sim_fidelity.py": r"in target at the probed speed",
+    "bench_spec_sim.py": r"rule / fixed k where fixed k pays within the target: worst \d\.\d+x(.|\n)*"
+                         r"acceptance 0\.8: .* QPS, \d+\.\d+x no speculation",
     "bench_startup.py": r"ready in .* s",
     "bench_step_overhead.py": r"ms/step wall",
     "bench_token_budget.py": r"rule \(smallest step within 1\.2x the best time per token\) picks \d+; the CPU default "

@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Literal
+from typing import Hashable, Literal, Sequence
 
 import numpy as np
 
 from sarathi_rt.scheduler.speculation import AcceptanceEstimate, SpecCandidate, speculation_lengths
 from sarathi_rt.step_time.shape import StepTimeModel, StepShape
 from sarathi_rt.utils.checks import positive_int
+from sarathi_rt.workloads import RequestSpec
 
 SIZINGS = ("none", "fixed", "rule")
 Sizing = Literal["none", "fixed", "rule"]
@@ -41,12 +42,59 @@ class AcceptanceDistribution:
             raise ValueError(f"acceptance spread must be 0 or in (0, {limit:.4g}) for mean {self.mean}, "
                              f"got {self.spread!r}")
 
+    @classmethod
+    def parse(cls, text: str) -> AcceptanceDistribution:
+        """"MEAN" or "MEAN,SPREAD" (the --acceptance flag)."""
+        try:
+            values = [float(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if len(values) not in (1, 2):
+            raise ValueError(f"--acceptance must be MEAN or MEAN,SPREAD (rates in [0, 1]), got {text!r}")
+        try:
+            return cls(*values)
+        except ValueError as e:
+            raise ValueError(f"--acceptance {text!r}: {e}") from None
+
     def draw(self, rng: np.random.Generator) -> float:
         if self.spread == 0.0:
             return self.mean
         # Beta(m c, (1 - m) c) has variance m (1 - m) / (c + 1).
         c = self.mean * (1.0 - self.mean) / self.spread ** 2 - 1.0
         return float(rng.beta(self.mean * c, (1.0 - self.mean) * c))
+
+
+@dataclass(frozen=True)
+class SimSpeculation:
+    """Speculative decoding in the simulator: `k` proposals for every decode each step
+    (the scheduler picks how many to verify), a request's acceptance rate from its
+    RequestSpec or else drawn from `acceptance` (None: every request must carry one);
+    `seed` seeds the draws."""
+
+    k: int
+    acceptance: AcceptanceDistribution | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive_int("k", self.k)
+
+    def rng(self, stream: int = 0) -> np.random.Generator:
+        return np.random.default_rng([self.seed, stream])
+
+
+    def rates(self, workload: Sequence[RequestSpec]) -> dict[Hashable, float]:
+        """Each request's acceptance rate: its own, else one drawn (from a stream of its
+        own: the same rates whatever the steps draw)."""
+        rng, out = self.rng(1), {}
+        for r in workload:
+            if r.acceptance is not None:
+                out[r.request_id] = r.acceptance
+            elif self.acceptance is None:
+                raise ValueError(f"request {r.request_id!r} has no acceptance rate (its trace has no acceptance "
+                                 f"column) and the speculation has no acceptance distribution (--acceptance)")
+            else:
+                out[r.request_id] = self.acceptance.draw(rng)
+        return out
 
 
 def draw_accepted(rng: np.random.Generator, rate: float, proposed: int) -> int:
