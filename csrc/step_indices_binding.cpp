@@ -33,12 +33,13 @@ bool append_ints(PyObject* seq, std::vector<T>& out) {
 }
 
 // ModelRunner.prepare's one call: reads each SequenceChunk's token_ids, start_pos,
-// block_table, prompt_targets, sampling and forks, and returns (the int64 buffer, the
+// block_table, prompt_targets, sampling, forks and num_draft, and returns (the int64 buffer, the
 // int32 buffer, tokens, width) of step_indices.h as bytearrays. A bad chunk raises
 // ValueError naming its request.
 py::tuple step_indices(const py::sequence& chunks, int64_t block_size, int64_t max_position, int64_t vocab_size) {
   static const py::str kIds("token_ids"), kStart("start_pos"), kTable("block_table"), kTargets("prompt_targets"),
-      kSampling("sampling"), kForks("forks");
+      kSampling("sampling"), kForks("forks"),
+      kDraft("num_draft");
   const int64_t batch = static_cast<int64_t>(py::len(chunks));
   std::vector<StepChunk> views(static_cast<size_t>(batch));
   std::vector<int64_t> ids;
@@ -61,6 +62,7 @@ py::tuple step_indices(const py::sequence& chunks, int64_t block_size, int64_t m
     const py::object targets = c.attr(kTargets);
     v.num_targets = targets.is_none() ? 0 : static_cast<int64_t>(py::len(targets));
     v.num_samples = c.attr(kSampling).is_none() ? 0 : 1 + static_cast<int64_t>(py::len(c.attr(kForks)));
+    v.num_draft = c.attr(kDraft).cast<int64_t>();
   }
   StepIndicesInput in;
   in.chunks = views.data();

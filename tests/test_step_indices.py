@@ -1,7 +1,7 @@
 """The core's step index builder (_C.step_indices, behind ModelRunner.prepare) against a
 plain-Python reference of the same arrays, on random batches: prefill chunks from any
 position (a prefix-cache hit starts past 0), decodes, prompt-logprob targets, forked
-samples, block sizes 1, 16 and 32; and every bad chunk raises naming its request."""
+samples, decodes verifying speculative proposals, block sizes 1, 16 and 32; and every bad chunk raises naming its request."""
 from __future__ import annotations
 
 import random
@@ -31,6 +31,7 @@ def reference(chunks: list[SequenceChunk], bs: int) -> tuple[list[int], list[int
         slots += [c.block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
         rows += range(cu_seqlens[-1], cu_seqlens[-1] + len(c.prompt_targets or ()))
         cu_seqlens.append(cu_seqlens[-1] + n)
+        rows += range(cu_seqlens[-1] - 1 - c.num_draft, cu_seqlens[-1] - 1)
         rows += [cu_seqlens[-1] - 1] * len(c.rows)
         seqlens_k.append(start + n)
         tables += c.block_table + [0] * (width - len(c.block_table))
@@ -40,22 +41,24 @@ def reference(chunks: list[SequenceChunk], bs: int) -> tuple[list[int], list[int
 def random_batch(rng: random.Random, bs: int) -> list[SequenceChunk]:
     chunks = []
     for i in range(rng.randint(1, 12)):
-        kind = rng.choice(("decode", "prefill", "cached prefill"))
+        kind = rng.choice(("decode", "prefill", "cached prefill", "verify"))
         if kind == "decode":
             start, n = rng.randint(1, 300), 1
+        elif kind == "verify":  # a decode with speculative proposals after its token
+            start, n = rng.randint(1, 300), rng.randint(2, 9)
         elif kind == "prefill":
             start, n = 0, rng.randint(1, 200)
         else:  # a prefix-cache hit: whole blocks skipped, then the rest of the prompt
             start, n = bs * rng.randint(1, 8), rng.randint(1, 100)
         spare = rng.randint(0, 2)  # tables may reach past the chunk (blocks taken for later)
         table = rng.sample(range(5000), -(-(start + n) // bs) + spare)
-        sampling = GREEDY if kind == "decode" or rng.random() < 0.5 else None
-        targets = [rng.randrange(VOCAB) for _ in range(rng.randint(1, n))] if kind != "decode" and \
-            rng.random() < 0.3 else None
+        sampling = GREEDY if kind in ("decode", "verify") or rng.random() < 0.5 else None
+        targets = [rng.randrange(VOCAB) for _ in range(rng.randint(1, n))] if kind in ("prefill", "cached prefill") \
+            and rng.random() < 0.3 else None
         forks = [GREEDY] * rng.randint(1, 3) if sampling is not None and kind == "prefill" and rng.random() < 0.3 \
             else []
         chunks.append(SequenceChunk(f"r{i}", [rng.randrange(VOCAB) for _ in range(n)], start, table, sampling,
-                                    targets, forks=forks))
+                                    targets, forks=forks, num_draft=n - 1 if kind == "verify" else 0))
     return chunks
 
 
@@ -93,6 +96,10 @@ def test_all_decodes_and_a_lone_prefill() -> None:
     (SequenceChunk("g", [1], 0, [2 ** 40]), r"request 'g': block_table must be a list of int32 block ids"),
     (SequenceChunk("h", [VOCAB], 0, [0]), r"token ids must be in \[0, 1000\)"),
     (SequenceChunk("i", [-1], 0, [0]), r"token ids must be in \[0, 1000\)"),
+    (SequenceChunk("j", [1, 2], 0, [0], GREEDY, num_draft=2), r"request 'j': 2 draft tokens in a chunk of 2 tokens"),
+    (SequenceChunk("k", [1, 2], 0, [0], None, num_draft=1), r"request 'k': 1 draft tokens .* with 0 samples"),
+    (SequenceChunk("l", [1, 2], 0, [0], GREEDY, [5], num_draft=1), r"request 'l': 1 draft tokens .* 1 prompt_targets"),
+    (SequenceChunk("m", [1, 2], 0, [0], GREEDY, num_draft=-1), r"request 'm': -1 draft tokens"),
 ])
 def test_a_bad_chunk_names_its_request(chunk: SequenceChunk, message: str) -> None:
     good = SequenceChunk("ok", [1], 3, [0], GREEDY)

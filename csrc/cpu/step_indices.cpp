@@ -30,9 +30,16 @@ Status step_indices_sizes(const StepIndicesInput& in, StepIndicesSizes* sizes, i
       return Status::Invalid(std::to_string(c.num_targets) + " prompt_targets for a chunk of " +
                              std::to_string(c.num_tokens) + " tokens");
     }
+    if (c.num_draft < 0 || (c.num_draft > 0 && (c.num_samples != 1 || c.num_targets != 0 ||
+                                                 c.num_draft >= c.num_tokens))) {
+      return Status::Invalid(std::to_string(c.num_draft) + " draft tokens in a chunk of " +
+                             std::to_string(c.num_tokens) + " tokens with " + std::to_string(c.num_samples) +
+                             " samples and " + std::to_string(c.num_targets) +
+                             " prompt_targets (drafts need one sample, no prompt targets and a token before them)");
+    }
     s.tokens += c.num_tokens;
     s.width = std::max(s.width, c.num_blocks);
-    s.rows += c.num_targets + c.num_samples;
+    s.rows += c.num_targets + c.num_samples + c.num_draft;
   }
   *bad_chunk = -1;
   const auto [lo, hi] = std::minmax_element(in.token_ids, in.token_ids + s.tokens);
@@ -65,7 +72,9 @@ void write_step_indices(const StepIndicesInput& in, const StepIndicesSizes& size
     }
     for (int64_t i = 0; i < c.num_targets; ++i) *rows++ = total + i;
     total += c.num_tokens;
-    // Every sample of the request draws from the chunk's last row.
+    // Every sample of the request draws from the chunk's last row; a verifying chunk's
+    // one sample draws from each of its last 1 + num_draft rows.
+    for (int64_t i = c.num_draft; i > 0; --i) *rows++ = total - 1 - i;
     for (int64_t i = 0; i < c.num_samples; ++i) *rows++ = total - 1;
     cu_seqlens[b + 1] = static_cast<int32_t>(total);
     seqlens_k[b] = static_cast<int32_t>(c.start_pos + c.num_tokens);

@@ -10,6 +10,7 @@ from typing import Any, Union
 
 from tqdm.auto import tqdm
 
+from sarathi_rt.config.speculative import speculative_fields
 from sarathi_rt.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
 from sarathi_rt.models import resolve_configured, resolve_model_path
 from sarathi_rt.sampling import SamplingParams
@@ -34,10 +35,15 @@ class LLM:
     transformers (model_impl="transformers" forces that, "native" refuses it), running
     modelling code shipped in the directory only with trust_remote_code=True. Under
     torchrun the job's processes are the workers: the call returns on world rank 0 and,
-    on every other rank, serves until rank 0 shuts down, then exits."""
+    on every other rank, serves until rank 0 shuts down, then exits.
+    `speculative` ({"method": "ngram", "k": 4, "ngram_min": 2, "ngram_max": 4}) sets the
+    speculative_* fields: decodes propose tokens that the next step verifies
+    (docs/speculative.md)."""
 
     def __init__(self, model: str | Path, *, tokenizer: str | Path | Tokenizer | None = None,
-                 **options: Any) -> None:
+                 speculative: Mapping[str, Any] | None = None, **options: Any) -> None:
+        if speculative is not None:
+            options |= speculative_fields(speculative)
         config = EngineConfig(model=model, **options)
         # A bad model is named before its tokenizer is looked at.
         resolved = resolve_configured(config)

@@ -21,6 +21,9 @@ struct StepChunk {
   int64_t num_blocks = 0;
   int64_t num_targets = 0;  // prompt positions whose logits score the prompt's next tokens
   int64_t num_samples = 0;  // rows sampled from the chunk's last position: 0, or 1 + forks
+  // Speculative decoding: the chunk's last num_draft tokens are proposals to verify, so
+  // its one sample draws from each of its last 1 + num_draft positions.
+  int64_t num_draft = 0;
 };
 
 struct StepIndicesInput {
@@ -35,7 +38,8 @@ struct StepIndicesInput {
 
 // Sizes of the two output buffers:
 //   int64 [3 * tokens + rows]: token ids, positions, slot mapping, logits rows (per chunk:
-//         its prompt targets' rows, then its sampled rows);
+//         its prompt targets' rows, then its sampled rows: a verifying chunk's last
+//         1 + num_draft positions in order);
 //   int32 [2 * batch + 1 + batch * width]: cu_seqlens_q, seqlens_k, block tables padded
 //         with block 0 to the widest table.
 struct StepIndicesSizes {
@@ -47,7 +51,8 @@ struct StepIndicesSizes {
 };
 
 // Validates every chunk (non-empty, start_pos >= 0, within max_position, a block table
-// covering its positions, no more prompt targets than tokens, token ids in the
+// covering its positions, no more prompt targets than tokens, drafts only in a chunk with
+// one sample, no prompt targets and more tokens than drafts, token ids in the
 // vocabulary) and sizes the buffers. On failure `bad_chunk` names the chunk (-1: the
 // token ids, or the batch as a whole).
 Status step_indices_sizes(const StepIndicesInput& in, StepIndicesSizes* sizes, int64_t* bad_chunk);

@@ -15,6 +15,8 @@ from sarathi_rt.utils.checks import boolean, fraction, non_negative_int, positiv
 from sarathi_rt.utils.cpu import DTYPE_HELP, bf16_forced, cpu_dtype, cpu_flags
 from sarathi_rt.utils.options import option
 
+from .speculative import SpeculativeOptions
+
 if TYPE_CHECKING:
     import torch
 
@@ -123,11 +125,12 @@ class ParallelOptions:
 
 
 # The sections, in the order help and the docs list them.
-SECTIONS = (ModelOptions, SchedulingOptions, CacheOptions, MemoryOptions, ParallelOptions)
+SECTIONS = (ModelOptions, SchedulingOptions, CacheOptions, MemoryOptions, ParallelOptions, SpeculativeOptions)
 
 
 @dataclass(frozen=True, kw_only=True)
-class EngineConfig(ModelOptions, SchedulingOptions, CacheOptions, MemoryOptions, ParallelOptions):
+class EngineConfig(ModelOptions, SchedulingOptions, CacheOptions, MemoryOptions, ParallelOptions,
+                   SpeculativeOptions):
     """Everything an engine is built from, checked once: the fields of the sections above
     (their help: `sarathi-rt serve --help`, or docs/configuration.md). Defaults that
     depend on the device are resolved here: the dtype (the CPU's BF16 rule; bf16 from SM
@@ -142,6 +145,7 @@ class EngineConfig(ModelOptions, SchedulingOptions, CacheOptions, MemoryOptions,
         self._check_cache()
         self._check_memory()
         self._check_parallel()
+        self._check_speculative(self.policy)
         import torch
 
         if self.device.type == "cuda" and self.world_size > 1 and self.world_size > torch.cuda.device_count():

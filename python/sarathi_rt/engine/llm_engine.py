@@ -15,6 +15,7 @@ from sarathi_rt.models import ResolvedModel, resolve_configured
 from sarathi_rt.utils.nvtx import nvtx_range
 from sarathi_rt.sampling import SamplingParams, as_int, sample_seed
 from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, create_scheduler
+from sarathi_rt.spec import create_proposer
 from sarathi_rt.step_time.shape import StepShape
 from sarathi_rt.step_time.online import OnlineStepTimeModel
 
@@ -52,7 +53,13 @@ class LLMEngine:
     sample's first token from the prompt's last logits row (sample i with seed
     sample_seed(seed, i)), and the scheduler then forks samples 1..n-1 onto the prompt's
     KV blocks (see Scheduler._fork). Each output carries its sample's `index`; `abort`
-    and `has_request` take the request's id and cover every sample."""
+    and `has_request` take the request's id and cover every sample.
+
+    With config.speculative_method set, each step first asks the proposer for every
+    decoding sample's guesses (not for a sample with a json_schema: its grammar would
+    have to judge each guess); the scheduler gives a decode 1 + d rows for d of them,
+    the sampler keeps those the model agrees with, and the sample gets every kept token
+    in order, each through the same stop, length and logprob handling as one token."""
 
     METRICS_WINDOW = 65536
 
@@ -72,8 +79,13 @@ class LLMEngine:
         self.executor = executor if executor is not None else _default_executor(config, self.model)
         self.scheduler_config = config.scheduler_config(
             self.executor.num_kv_blocks, resolve_tile_size(config.tile_size, self.model_config, config))
-        # The adaptive budget's step-time model learns from every step this engine runs.
-        self.step_time_model = OnlineStepTimeModel() if self.scheduler_config.needs_step_time_model else None
+        # Speculative decoding: proposals per decode, verified in the hybrid batch.
+        self.proposer = create_proposer(config.speculative_method, config.speculative_k, config.speculative_ngram_min,
+                                        config.speculative_ngram_max)
+        # The adaptive budget's step-time model learns from every step this engine runs;
+        # speculation weighs a proposal's row against the time it adds to the step.
+        self.step_time_model = OnlineStepTimeModel() \
+            if self.scheduler_config.needs_step_time_model or self.proposer is not None else None
         self.scheduler = create_scheduler(self.scheduler_config, self.step_time_model)
         self.step_metrics: deque[StepMetrics] = deque(maxlen=self.METRICS_WINDOW)
         self.stage_metrics: deque[StageMetrics] = deque(maxlen=self.METRICS_WINDOW)
@@ -197,6 +209,8 @@ class LLMEngine:
                 continue
             self.scheduler.abort(seq.key)  # False for a sample not forked yet
             self.scheduler.release(seq.key)
+            if self.proposer is not None:
+                self.proposer.release(seq.key)
             seq.finish_reason = "abort"
             seq.metrics.finish_time = now
             self._aborted.append(seq.to_output(0))
@@ -263,6 +277,8 @@ class LLMEngine:
     def _submit_next(self) -> bool:
         """Schedule a plan and start it on the executor; False if nothing could run."""
         start = time.perf_counter()
+        if self.proposer is not None:
+            self._propose()
         with nvtx_range("schedule"):
             plan = self.scheduler.schedule(start)
         for request_id in plan.preempted:
@@ -282,6 +298,19 @@ class LLMEngine:
         self._in_flight.append((plan, seqs, rows, start))
         return True
 
+    def _propose(self) -> None:
+        """Every decoding sample's proposals for the next plan (the scheduler uses them
+        for those it decodes in it). At most max_tokens - 1 beyond the output: a decode
+        generates its accepted proposals and one token more."""
+        assert self.proposer is not None
+        with nvtx_range("propose"):
+            for seq in self._seqs.values():
+                if not seq.output or seq.grammar is not None:
+                    continue
+                room = seq.max_new_tokens - len(seq.output) - 1
+                seq.draft = self.proposer.propose(seq)[:room] if room > 0 else []
+                self.scheduler.set_proposals(seq.key, len(seq.draft))
+
     def prefix_cache_stats(self) -> PrefixCacheStats:
         """Prompt tokens looked up and served from the prefix cache, and evictions."""
         return self.scheduler.prefix_cache_stats()
@@ -298,6 +327,12 @@ class LLMEngine:
         for e, seq in zip(plan.entries, seqs):
             pos = e.start_pos
             prompt_len = len(seq.prompt)
+            if e.num_draft:  # a decode verifying its proposals after its last token
+                chunks.append(SequenceChunk(e.request_id, [seq.output[pos - prompt_len], *seq.draft[:e.num_draft]],
+                                            pos, block_table(e.request_id), seq.row_sampling(),
+                                            num_draft=e.num_draft))
+                rows.append(seq)
+                continue
             if e.num_tokens == 1 and pos >= prompt_len:
                 # One token past the prompt (a decode, or a recompute's last token): it
                 # was sampled before, scores no prompt token and forks nothing. The
@@ -329,9 +364,15 @@ class LLMEngine:
     def _process(self, plan: BatchPlan, seqs: list[SequenceState], rows: list[SequenceState], out: StepOutput,
                  start: float) -> list[RequestOutput]:
         now = time.perf_counter()
-        if len(out.token_ids) != len(rows):
-            raise RuntimeError(f"executor returned {len(out.token_ids)} tokens for {len(rows)} rows")
-        stopped, updated, sampled = [], [], {}
+        per_row = out.tokens_per_row or [1] * len(rows)
+        if len(per_row) != len(rows) or len(out.token_ids) != sum(per_row):
+            raise RuntimeError(f"executor returned {len(out.token_ids)} tokens in {len(per_row)} rows for "
+                               f"{len(rows)} rows")
+        drafts = {e.request_id: e.num_draft for e in plan.entries if e.num_draft}
+        stopped: list[Hashable] = []
+        updated: list[tuple[SequenceState, int]] = []
+        sampled: dict[Hashable, int | list[int]] = {}
+        accepted: dict[Hashable, int] = {}
         self.stage_metrics.extend(out.stages)
         waited = pipeline_wait(out.stages)
         for seq in seqs if waited else ():
@@ -340,27 +381,44 @@ class LLMEngine:
             if scored is not None and seq.finish_reason != "abort":
                 seq.add_prompt_logprobs(e.start_pos, scored)
         with nvtx_range("detokenize"):  # appending each token decodes its text and checks the stops
-            for seq, token, logprob in zip(rows, out.token_ids, out.logprobs):
+            first = 0
+            for seq, count in zip(rows, per_row):
+                tokens = out.token_ids[first:first + count]
+                logprobs = out.logprobs[first:first + count]
+                first += count
                 if seq.finish_reason == "abort":  # aborted while this step ran
                     continue
                 if seq.index and not seq.output and seq.prompt_logprobs is not None:  # forked: the prompt's scores
                     seq.prompt_logprobs = list(self._requests[seq.request_id][0].prompt_logprobs or ())
-                seq.append(token, logprob, now)
-                updated.append(seq)
-                sampled[seq.key] = token
+                kept = 0
+                for token, logprob in zip(tokens, logprobs):  # a verifying row's tokens, one by one
+                    seq.append(token, logprob, now)
+                    kept += 1
+                    if seq.finish_reason is not None:
+                        break
+                updated.append((seq, kept))
+                if seq.key in drafts:
+                    seq.metrics.num_draft_tokens += drafts[seq.key]
+                    seq.metrics.num_accepted_tokens += count - 1
+                    accepted[seq.key] = kept - 1
+                    sampled[seq.key] = tokens[:kept]
+                else:
+                    sampled[seq.key] = tokens[0]
                 if seq.finish_reason == "stop":
                     stopped.append(seq.key)
-        finished = set(self.scheduler.update(plan, stopped, sampled))  # sampled: keys generated blocks
+        finished = set(self.scheduler.update(plan, stopped, sampled, accepted))  # sampled: keys generated blocks
         outputs = []
-        for seq in updated:
+        for seq, kept in updated:
             if seq.key in finished:
                 seq.finish_reason = seq.finish_reason or "length"
                 seq.metrics.finish_time = now
                 del self._seqs[seq.key]
                 self.scheduler.release(seq.key)
+                if self.proposer is not None:
+                    self.proposer.release(seq.key)
                 if not any(q.key in self._seqs for q in self._requests[seq.request_id]):
                     del self._requests[seq.request_id]
-            outputs.append(seq.to_output(1))
+            outputs.append(seq.to_output(kept))
         predicted = None
         if self.step_time_model is not None:  # predicted before it learns from this step
             predicted = self.step_time_model.predict_shape(StepShape.of_plan(plan))

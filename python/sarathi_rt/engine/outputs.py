@@ -124,3 +124,13 @@ class RequestOutput:
     def num_cached_tokens(self) -> int:
         """Prompt tokens whose KV came from the prefix cache instead of being computed."""
         return self.metrics.num_cached_tokens
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Speculative decoding: proposed tokens the steps verified for this sample."""
+        return self.metrics.num_draft_tokens
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        """Of num_draft_tokens, those accepted (generated without a step of their own)."""
+        return self.metrics.num_accepted_tokens

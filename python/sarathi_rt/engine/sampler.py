@@ -75,13 +75,21 @@ class Sampler:
     """Greedy rows take the argmax (the first on ties, as transformers does); the others
     sample by the exponential race, argmax(p / E) with E ~ Exp(1) from the row's own
     generator, which picks token i with probability p_i. A row with a grammar
-    (RowSampling.allowed) first loses the tokens its grammar forbids."""
+    (RowSampling.allowed) first loses the tokens its grammar forbids.
+
+    `drafts` (speculative decoding): per row, a proposed token to judge (None: none).
+    A greedy row's token is still its argmax (the proposal stands when they agree); a
+    random row keeps the proposal x with probability p(x), else draws from p with x
+    removed, renormalised (U then the race, from the row's generator): its token is
+    distributed as p either way, which is what makes speculation exact in distribution."""
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, rows: list[RowSampling]
+    def __call__(self, logits: torch.Tensor, rows: list[RowSampling], drafts: list[int | None] | None = None
                  ) -> tuple[list[int], list[TokenLogprob | None]]:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [len(rows)={len(rows)}, vocab], got {tuple(logits.shape)}")
+        if drafts is not None and len(drafts) != len(rows):
+            raise ValueError(f"drafts must hold one entry per row ({len(rows)}), got {len(drafts)}")
         with nvtx_range("sample"):
             raw = logits.float()
             logits = _apply_grammars(raw, rows)
@@ -91,12 +99,25 @@ class Sampler:
                 index = torch.tensor(random_rows, device=logits.device)
                 probs = _filter(logits.index_select(0, index), [rows[i] for i in random_rows]).softmax(dim=1)
                 noise = torch.empty_like(probs)
+                judged = [] if drafts is None else [(j, d) for j, i in enumerate(random_rows)
+                                                    if (d := drafts[i]) is not None]
+                uniform = torch.empty(len(random_rows), dtype=probs.dtype, device=probs.device)
                 for j, i in enumerate(random_rows):
                     gen = torch.Generator(logits.device).manual_seed(row_seed(rows[i].seed, rows[i].num_generated))
+                    if drafts is not None and drafts[i] is not None:  # only judged rows draw U first
+                        uniform[j:j + 1].uniform_(generator=gen)
                     noise[j].exponential_(generator=gen)
                 # exponential_ may return exactly 0; 0/0 would be NaN, which argmax prefers.
                 noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-                tokens.index_copy_(0, index, (probs / noise).argmax(dim=1))
+                if judged:
+                    at = torch.tensor([j for j, _ in judged], device=probs.device)
+                    proposed = torch.tensor([d for _, d in judged], device=probs.device)
+                    keep = uniform[at] < probs[at, proposed]
+                    probs[at, proposed] = 0.0  # rejected: the race runs over p without the proposal
+                race = (probs / noise).argmax(dim=1)
+                if judged:
+                    race[at] = torch.where(keep, proposed, race[at])
+                tokens.index_copy_(0, index, race)
             token_ids = tokens.tolist()
             logprobs: list[TokenLogprob | None] = [None] * len(rows)
             want = [i for i, r in enumerate(rows) if r.logprobs is not None]

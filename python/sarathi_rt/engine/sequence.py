@@ -41,6 +41,8 @@ class SequenceState:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     index: int = 0
     grammar: Grammar | None = None  # with params.json_schema: where the output is in it
+    # Speculative decoding: the tokens proposed after `output` for the next step to verify.
+    draft: list[int] = field(default_factory=list)
     key: Hashable = field(init=False)
 
     def __post_init__(self) -> None:

@@ -45,7 +45,10 @@ class SequenceChunk:
     `prompt_targets`: the prompt tokens at positions start_pos + 1.. whose log
     probabilities (with `prompt_top` alternatives) the step returns, one per position of
     the chunk from its first. `forks`: the other samples (n > 1) of a chunk that completes
-    its prompt, each drawing its first token from the same logits row after `sampling`'s."""
+    its prompt, each drawing its first token from the same logits row after `sampling`'s.
+    `num_draft`: a decode verifying proposals (speculative decoding): its last `num_draft`
+    tokens are the proposals, and `sampling` draws from each of its last 1 + num_draft
+    positions (RowSampling.num_generated counting up from the first)."""
 
     request_id: Hashable
     token_ids: list[int]
@@ -55,6 +58,7 @@ class SequenceChunk:
     prompt_targets: list[int] | None = None
     prompt_top: int = 0
     forks: list[RowSampling] = field(default_factory=list)
+    num_draft: int = 0
 
     @property
     def rows(self) -> list[RowSampling]:
@@ -80,6 +84,9 @@ class StepInput:
 class StepOutput:
     """One sampled token per row of the chunks (SequenceChunk.rows), in chunk order; `logprobs` holds the
     sampled token's log probabilities for rows that asked for them (None elsewhere).
+    `tokens_per_row`: empty when every row drew one token; else, per row, how many of
+    `token_ids` (and `logprobs`) it produced, in order: a verifying row's accepted
+    proposals and then the target's own token.
     `prompt_logprobs`: empty when no chunk had prompt_targets, else one entry per chunk
     (None for those without). `stages`: per pipeline stage timings, when the executor
     runs stages in processes."""
@@ -89,3 +96,4 @@ class StepOutput:
     logprobs: list[TokenLogprob | None]
     stages: list[StageMetrics] = field(default_factory=list)
     prompt_logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
+    tokens_per_row: list[int] = field(default_factory=list)

@@ -3,6 +3,7 @@ executor (in-process, tensor/pipeline-parallel worker processes) runs a step thr
 `Worker.execute`, so there is one step path."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -93,26 +94,38 @@ class Worker:
                 logits = self.model.compute_logits(hidden, residual, ctx)
         if logits is None:
             return None
-        if not any(c.prompt_targets for c in step.chunks):
+        if not any(c.prompt_targets or c.num_draft for c in step.chunks):
             token_ids, logprobs = self.sampler(logits, _rows(step))
             return StepOutput(step.step, token_ids, logprobs)
-        return self._with_prompt_logprobs(step, logits)
+        return self._split_rows(step, logits)
 
-    def _with_prompt_logprobs(self, step: StepInput, logits: torch.Tensor) -> StepOutput:
+    def _split_rows(self, step: StepInput, logits: torch.Tensor) -> StepOutput:
         """Split the logits rows (per chunk: its prompt targets' rows, then its sampled
-        row; see ModelRunner.prepare) into the rows to sample and the prompt's scores."""
+        rows; see ModelRunner.prepare) into the rows to sample and the prompt's scores.
+        A verifying chunk (num_draft > 0) samples each of its 1 + num_draft rows, judging
+        the proposal that follows each, and keeps the tokens up to the first rejection."""
         sample_rows: list[int] = []
+        rows: list[RowSampling] = []
+        drafts: list[int | None] = []
         spans: list[tuple[int, int] | None] = []
         row = 0
         for c in step.chunks:
             count = len(c.prompt_targets or ())
             spans.append((row, count) if count else None)
             row += count
-            for _ in c.rows:
-                sample_rows.append(row)
-                row += 1
+            if c.num_draft:
+                assert c.sampling is not None
+                judged: list[int | None] = [*c.token_ids[len(c.token_ids) - c.num_draft:], None]
+                chunk_rows = [dataclasses.replace(c.sampling, num_generated=c.sampling.num_generated + i)
+                              for i in range(len(judged))]
+            else:
+                chunk_rows, judged = c.rows, [None] * len(c.rows)
+            rows += chunk_rows
+            drafts += judged
+            sample_rows += range(row, row + len(chunk_rows))
+            row += len(chunk_rows)
         index = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
-        token_ids, logprobs = self.sampler(logits.index_select(0, index), _rows(step))
+        token_ids, logprobs = self.sampler(logits.index_select(0, index), rows, drafts)
         prompt: list[list[TokenLogprob] | None] = []
         for c, span in zip(step.chunks, spans):
             if span is None:
@@ -121,7 +134,11 @@ class Worker:
             assert c.prompt_targets is not None
             start, count = span
             prompt.append(token_logprobs(logits[start:start + count], c.prompt_targets, [c.prompt_top] * count))
-        return StepOutput(step.step, token_ids, logprobs, prompt_logprobs=prompt)
+        if not any(span is not None for span in spans):
+            prompt = []
+        if not any(c.num_draft for c in step.chunks):
+            return StepOutput(step.step, token_ids, logprobs, prompt_logprobs=prompt)
+        return _accept(step, token_ids, logprobs, prompt)
 
     def _warm_up(self) -> None:
         """One token through this stage (its layers, logits and sampling), so one-off
@@ -135,6 +152,34 @@ class Worker:
                                 device=self.config.device)
             intermediate = (zeros, zeros)
         self.execute(step, intermediate)
+
+
+def _accept(step: StepInput, token_ids: list[int], logprobs: list[TokenLogprob | None],
+            prompt: list[list[TokenLogprob] | None]) -> StepOutput:
+    """The step's output from its sampled rows in chunk order (a verifying chunk's 1 +
+    num_draft rows together): a verifying row keeps its proposals while each row's token
+    is the proposal itself, then the first token that is not (or the last row's)."""
+    kept: list[int] = []
+    kept_logprobs: list[TokenLogprob | None] = []
+    per_row: list[int] = []
+    row = 0
+    for c in step.chunks:
+        if not c.num_draft:
+            n = len(c.rows)
+            kept += token_ids[row:row + n]
+            kept_logprobs += logprobs[row:row + n]
+            per_row += [1] * n
+            row += n
+            continue
+        proposals = c.token_ids[len(c.token_ids) - c.num_draft:]
+        accepted = 0
+        while accepted < c.num_draft and token_ids[row + accepted] == proposals[accepted]:
+            accepted += 1
+        kept += token_ids[row:row + accepted + 1]
+        kept_logprobs += logprobs[row:row + accepted + 1]
+        per_row.append(accepted + 1)
+        row += c.num_draft + 1
+    return StepOutput(step.step, kept, kept_logprobs, prompt_logprobs=prompt, tokens_per_row=per_row)
 
 
 def _rows(step: StepInput) -> list[RowSampling]:

@@ -30,6 +30,10 @@ class RequestMetrics:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     qos: str | None = None  # its QoS class
     relegated: bool = False  # the scheduler found it could no longer make its first-token deadline
+    # Speculative decoding: proposed tokens its steps verified, and of those the accepted
+    # ones (each an output token that cost no step of its own).
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def ttft(self) -> float | None:

@@ -2,12 +2,14 @@
 shares. A policy only decides which requests run how many tokens in one step."""
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import time
 from abc import ABC, abstractmethod
 from array import array
 from collections import deque
-from typing import ClassVar, Collection, Hashable, Mapping, Sequence
+from typing import Callable, ClassVar, Collection, Hashable, Mapping, Sequence
 
 from .block_manager import BlockManager
 from .config import SchedulerConfig
@@ -16,8 +18,9 @@ from .prefix_cache import PrefixCacheStats, block_hashes, next_block_hash
 from .qos import class_of
 from .registry import get_policy
 from .request import Request, RequestInfo, RequestStatus
-from sarathi_rt.step_time import StepTimeModel
-from sarathi_rt.utils.checks import positive_int
+from .speculation import SpecCandidate, speculation_lengths
+from sarathi_rt.step_time import StepShape, StepTimeModel
+from sarathi_rt.utils.checks import non_negative_int, positive_int
 
 RUNNING = RequestStatus.RUNNING
 
@@ -156,12 +159,17 @@ class Scheduler(ABC):
         return plan
 
     def update(self, plan: BatchPlan, stopped: Collection[Hashable] = (),
-               token_ids: Mapping[Hashable, int] | None = None) -> list[Hashable]:
+               token_ids: Mapping[Hashable, int | Sequence[int]] | None = None,
+               accepted: Mapping[Hashable, int] | None = None) -> list[Hashable]:
         """Complete `plan`: advance prefills, count the token each emitting entry
         sampled, finish requests that reached max_new_tokens or are in `stopped`.
         `token_ids`: the token each emitting request sampled; with prefix caching, the
         full blocks they fill are keyed and cached once their KV is computed (a request
-        whose token is not given stops being keyed). Returns the ids that finished."""
+        whose token is not given stops being keyed). `accepted`: for each entry that
+        verified proposals (num_draft > 0), how many of them were accepted (0 when not
+        named): the request advances by 1 + accepted tokens, generates accepted + 1
+        (its token_ids entry then lists them in order), and the blocks only its
+        rejected proposals needed are freed. Returns the ids that finished."""
         reqs = self._pending.get(plan.step)
         if reqs is None:
             raise ValueError(f"plan for step {plan.step} is not in flight "
@@ -183,10 +191,12 @@ class Scheduler(ABC):
             if bad:
                 raise ValueError(f"token_ids names requests that sampled no token in this "
                                  f"plan: {sorted(map(repr, bad))}")
-            odd = [t for t in token_ids.values() if isinstance(t, bool) or not isinstance(t, int)
-                   or not 0 <= t < 1 << 63]
+            odd = [t for v in token_ids.values() for t in (v if isinstance(v, Sequence) else (v,))
+                   if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 1 << 63]
             if odd:
                 raise ValueError(f"token_ids must map to ints in [0, 2**63), got {odd[0]!r}")
+        drafts = {e.request_id: e.num_draft for e in plan.entries if e.num_draft}
+        accepted = self._check_accepted(accepted or {}, drafts, token_ids)
         del self._pending[plan.step]
         finished = []
         for req, entry in zip(reqs, plan.entries):
@@ -194,20 +204,52 @@ class Scheduler(ABC):
             if req.status is not RUNNING:  # aborted while in flight
                 self._blocks.release(req.blocks)
                 continue
-            req.num_computed += entry.num_tokens
+            kept = accepted.get(req.request_id, 0)
+            req.num_computed += entry.num_tokens - entry.num_draft + kept
+            if entry.num_draft:
+                req.acceptance.record(entry.num_draft, kept)
+                self._roll_back(req)
             if req.num_keyed < len(req.block_keys):
                 self._register_computed(req)
             if entry.emits_token:
-                req.num_generated += 1
+                req.num_generated += 1 + kept
                 if req.samples:  # before the parent may retire and free the prompt's blocks
                     finished += self._fork(req, stopped, token_ids)
                 if req.key_tail is not None:
-                    self._key_generated(req, None if token_ids is None else token_ids.get(req.request_id))
+                    given = None if token_ids is None else token_ids.get(req.request_id)
+                    for token in given if isinstance(given, Sequence) else (given,):
+                        self._key_generated(req, token)
                 if req.num_generated >= req.max_new_tokens or \
                         (stopped and req.request_id in stopped):
                     self._retire(req, RequestStatus.FINISHED)
                     finished.append(req.request_id)
         return finished
+
+    @staticmethod
+    def _check_accepted(accepted: Mapping[Hashable, int], drafts: Mapping[Hashable, int],
+                        token_ids: Mapping[Hashable, int | Sequence[int]] | None) -> Mapping[Hashable, int]:
+        """`accepted` checked against the plan's verifying entries (`drafts`: their
+        num_draft) and the tokens each generated."""
+        for request_id, n in accepted.items():
+            if request_id not in drafts:
+                raise ValueError(f"accepted names {request_id!r}, which verified no proposals in this plan")
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= drafts[request_id]:
+                raise ValueError(f"accepted[{request_id!r}] must be an int in [0, {drafts[request_id]}], got {n!r}")
+        for request_id, given in (token_ids or {}).items():
+            want = accepted.get(request_id, 0) + 1 if request_id in drafts else 1
+            count = len(given) if isinstance(given, Sequence) else 1
+            if count != want:
+                raise ValueError(f"token_ids[{request_id!r}] holds {count} tokens; the request generated {want}")
+        return accepted
+
+    def _roll_back(self, req: Request) -> None:
+        """After a verifying step, free the blocks only `req`'s rejected proposals needed;
+        their slots in the blocks kept are overwritten by the tokens that take those
+        positions later (attention never reads past num_computed)."""
+        keep = self._blocks.blocks_for(req.num_computed)
+        if len(req.blocks) > keep:
+            self._blocks.release(req.blocks[keep:])
+            del req.blocks[keep:]
 
     def _fork(self, parent: Request, stopped: Collection[Hashable],
               token_ids: Mapping[Hashable, int] | None) -> list[Hashable]:
@@ -384,8 +426,10 @@ class Scheduler(ABC):
 
     def _schedule_decodes(self, b: StepBuilder, decodes: list[Request]) -> None:
         """One token for each decode, preempting the newest running requests by
-        recompute when the cache has no block for a decode that needs one."""
+        recompute when the cache has no block for a decode that needs one; then the
+        proposals they verify (speculative decoding, see `_add_drafts`)."""
         bs = self.config.block_size
+        first = len(b.plan.entries)
         needy = [r for r in decodes if len(r.blocks) * bs <= r.num_computed]
         if len(needy) <= self._blocks.num_free:
             if needy:
@@ -393,17 +437,81 @@ class Scheduler(ABC):
                     req.blocks.append(block)
             for req in decodes:
                 self._add(b, req, 1)
-            return
-        for req in decodes:
-            if req.status is not RUNNING:  # preempted for an earlier decode
-                continue
-            if len(req.blocks) * bs <= req.num_computed:
-                while self._blocks.num_free == 0 and req.status is RUNNING:
-                    self._preempt(self._victim(), b)
-                if req.status is not RUNNING:
+        else:
+            for req in decodes:
+                if req.status is not RUNNING:  # preempted for an earlier decode
                     continue
-                req.blocks.extend(self._blocks.take(1))
-            self._add(b, req, 1)
+                if len(req.blocks) * bs <= req.num_computed:
+                    while self._blocks.num_free == 0 and req.status is RUNNING:
+                        self._preempt(self._victim(), b)
+                    if req.status is not RUNNING:
+                        continue
+                    req.blocks.extend(self._blocks.take(1))
+                self._add(b, req, 1)
+        self._add_drafts(b, first)
+
+    def set_proposals(self, request_id: Hashable, n: int) -> None:
+        """Speculative decoding: the request has `n` proposed tokens for its next decode.
+        The next plan that decodes it verifies up to `n` of them (PlanEntry.num_draft, as
+        many as `speculation_lengths` allots from the budget, the TBT target and the
+        request's acceptance so far), then forgets `n`: call it before every schedule()."""
+        req = self._live.get(request_id)
+        if req is None:
+            raise ValueError(f"request_id {request_id!r} is not scheduled")
+        req.proposals = non_negative_int("n", n)
+
+    def _add_drafts(self, b: StepBuilder, first: int) -> None:
+        """Grow the decode entries from b.plan.entries[first] on by the proposals they
+        verify. A verifying decode generates up to 1 + num_draft tokens, so it never
+        verifies more than max_new_tokens leaves; proposals take budget after every
+        decode's own token, and blocks beyond the watermark only (never a preemption)."""
+        entries = b.plan.entries[first:]
+        reqs = b.reqs[first:]
+        spec = [(req, e) for req, e in zip(reqs, entries) if req.proposals]
+        if spec:
+            candidates = [SpecCandidate(max(0, min(req.proposals, req.max_new_tokens - req.num_generated - 1)),
+                                        req.acceptance.rate()) for req, _ in spec]
+            lengths = speculation_lengths(candidates, b.budget_left, step_time=self._draft_step_time(b),
+                                          time_target=self.config.tbt_slo,
+                                          prefill_waiting=self._prefill_waiting(b.budget_left))
+            bs = self.config.block_size
+            spare = self._blocks.num_free - self.config.watermark_blocks
+            for (req, entry), d in zip(spec, lengths):
+                d = min(d, (len(req.blocks) + max(spare, 0)) * bs - req.num_computed - 1)
+                if d <= 0:
+                    continue
+                need = self._blocks.blocks_for(req.num_computed + 1 + d) - len(req.blocks)
+                if need > 0:
+                    req.blocks += self._blocks.take(need)
+                    spare -= need
+                entry.num_tokens += d
+                entry.num_draft = d
+                b.plan.num_decode_tokens += d
+        for req in reqs:
+            req.proposals = 0
+
+    def _draft_step_time(self, b: StepBuilder) -> Callable[[int], float] | None:
+        """The step's predicted seconds with `extra` proposal rows beside its decodes; None
+        without a model, or one that cannot predict yet (an engine's before its first step)."""
+        model = self.step_time_model
+        if model is None:
+            return None
+        shape = StepShape.of_plan(b.plan)
+        if not math.isfinite(model.predict_shape(shape)):
+            return None
+        return lambda extra: model.predict_shape(dataclasses.replace(
+            shape, num_decodes=shape.num_decodes + extra, decode_kv=shape.decode_kv + extra))
+
+    def _prefill_waiting(self, budget_left: int) -> int:
+        """Prompt tokens waiting or mid-prefill, counted up to where the speculation rule
+        stops telling them apart (budget_left**2: a displaced token's cost is capped)."""
+        cap = max(budget_left, 1) ** 2
+        total = 0
+        for req in itertools.chain(self._running.values(), self._waiting):
+            total += max(req.prefill_target - req.num_computed, 0)
+            if total >= cap:
+                break
+        return total
 
     def _victim(self) -> Request:
         """The running request outside every plan to preempt: the most recently arrived;

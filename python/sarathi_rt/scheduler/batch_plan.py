@@ -10,13 +10,16 @@ class PlanEntry:
     """`num_tokens` tokens of one request starting at `start_pos` of its full sequence
     (prompt followed by the tokens generated so far; a request preempted by recompute
     re-prefills from 0). `emits_token`: the step samples a token for this request
-    (every decode, and the chunk that completes a prefill)."""
+    (every decode, and the chunk that completes a prefill). `num_draft`: a decode that
+    verifies proposed tokens (speculative decoding) runs its last token and `num_draft`
+    proposals after it, num_tokens == 1 + num_draft."""
 
     request_id: Hashable
     start_pos: int
     num_tokens: int
     is_prefill: bool
     emits_token: bool
+    num_draft: int = 0
 
 
 @dataclass(slots=True)

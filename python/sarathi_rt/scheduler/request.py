@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Hashable
 
 from .qos import QoSClass
+from .speculation import AcceptanceEstimate
 
 
 class RequestStatus(enum.Enum):
@@ -55,6 +56,10 @@ class Request:
     # n > 1: the ids of the request's other samples, created (Scheduler._fork) when its
     # first prefill completes; empty afterwards.
     samples: tuple[Hashable, ...] = ()
+    # Speculative decoding: tokens proposed for the next decode (Scheduler.set_proposals;
+    # used by the next plan that decodes it, then 0) and how its proposals fared so far.
+    proposals: int = 0
+    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
 
     def next_deadline(self) -> float:
         """When the request's next token is due (inf without a class)."""
