@@ -245,6 +245,9 @@ def test_verification_rows_are_shaped_as_a_chunk() -> None:
     assert (shape.chunk_tokens, shape.chunk_pairs) == (chunk.num_prefill_tokens, chunk.prefill_pairs)
     assert (shape.num_tokens, shape.num_sampled, shape.decode_kv) == (1 + d, 1 + d, s + 1 + d)
     assert StepShape.decodes([s], [0]) == StepShape.hybrid(0, 0, 1, s + 1)
+    # A plan's verifying entry (PlanEntry.num_draft) has the same shape.
+    plan = BatchPlan(0, [PlanEntry(0, s, 1 + d, False, True, num_draft=d)], num_decode_tokens=1 + d)
+    assert StepShape.of_plan(plan) == shape
     # with_drafts prices a count of drafts as first drafts over the mean context.
     assert StepShape.decodes([s], [1]) == StepShape.decodes([s], [0]).with_drafts(1, s)
 

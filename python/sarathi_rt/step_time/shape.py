@@ -18,6 +18,8 @@ class PlannedEntry(Protocol):
     def is_prefill(self) -> bool: ...
     @property
     def emits_token(self) -> bool: ...
+    @property
+    def num_draft(self) -> int: ...
 
 
 class PlannedStep(Protocol):
@@ -81,17 +83,21 @@ class StepShape:
 
     @classmethod
     def of_plan(cls, plan: PlannedStep) -> StepShape:
-        pairs = pkv = decodes = dkv = sampled = 0
+        pairs = pkv = decodes = dkv = sampled = drafts = dpairs = 0
         for e in plan.entries:
             q, s = e.num_tokens, e.start_pos
             if e.is_prefill:
                 pairs += q * s + q * (q + 1) // 2
                 pkv += s + q
-            else:  # a decode (or a speculative run of q tokens) over s cached tokens
-                decodes += q
+                sampled += e.emits_token
+            else:  # a decode over s cached tokens, verifying num_draft drafts after its own token
+                d = e.num_draft
+                decodes += q - d
                 dkv += s + q
-            sampled += e.emits_token
-        return cls(plan.num_prefill_tokens, pairs, pkv, decodes, dkv, sampled)
+                drafts += d
+                dpairs += draft_pairs(s, d)
+                sampled += q
+        return cls(plan.num_prefill_tokens, pairs, pkv, decodes, dkv, sampled, drafts, dpairs)
 
     @classmethod
     def decodes(cls, contexts: Sequence[int], drafts: Sequence[int]) -> StepShape:
