@@ -103,6 +103,7 @@ def test_acceptance_flag_parses() -> None:
         AcceptanceDistribution.parse("1.5")
 
 
+@pytest.mark.slow
 def test_capacity_command_answers_what_speculation_buys(tmp_path: Path) -> None:
     """`capacity --simulate` with the config tree's --speculative-method/-k and the
     simulator's --acceptance: at acceptance 0.9 the same SLO holds a higher rate."""
@@ -116,6 +117,11 @@ def test_capacity_command_answers_what_speculation_buys(tmp_path: Path) -> None:
                      "--max-probes", "8", "--rel-tol", "0.1", "--out", str(out), *extra]) == 0
         caps[name] = json.loads((out / "capacity.json").read_text())["sarathi"]
     assert caps["spec"] > 1.2 * caps["plain"] > 0
+
+
+def test_capacity_speculation_flags_are_checked(tmp_path: Path) -> None:
+    from sarathi_rt.cli import main
+
     args = ["capacity", "--simulate", "--tbt-slo", "0.05", "--out", str(tmp_path / "x")]
     with pytest.raises(ValueError, match="--acceptance is used only with --speculative-method"):
         main([*args, "--policy", "sarathi", "--acceptance", "0.5"])
@@ -127,13 +133,22 @@ def test_capacity_command_answers_what_speculation_buys(tmp_path: Path) -> None:
         main(["capacity", "--tbt-slo", "0.05", "--acceptance", "0.5", "--out", str(tmp_path / "x")])
 
 
-def test_deploy_takes_speculation_flags(capsys: pytest.CaptureFixture[str]) -> None:
+DEPLOY = ["deploy", "--qps", "2", "--tbt-slo", "0.1", "--gpus-per-node", "1", "--max-gpus", "1",
+          "--policy", "sarathi", "--num-requests", "40", "--top", "1", "--json"]
+
+
+@pytest.mark.slow
+def test_deploy_with_speculation(capsys: pytest.CaptureFixture[str]) -> None:
     from sarathi_rt.cli import main
 
-    base = ["deploy", "--qps", "2", "--tbt-slo", "0.1", "--gpus-per-node", "1", "--max-gpus", "1",
-            "--policy", "sarathi", "--num-requests", "40", "--top", "1", "--json"]
-    assert main([*base, "--speculative-method", "ngram", "--speculative-k", "4", "--acceptance", "0.8"]) == 0
+    assert main([*DEPLOY, "--speculative-method", "ngram", "--speculative-k", "4", "--acceptance", "0.8"]) == 0
     assert json.loads(capsys.readouterr().out)["plans"]
+
+
+def test_deploy_speculation_flags_are_checked() -> None:
+    from sarathi_rt.cli import main
+
+    base = DEPLOY
     with pytest.raises(ValueError, match="--speculative-ngram-max not used by deploy"):
         main([*base, "--speculative-method", "ngram", "--speculative-ngram-max", "3", "--acceptance", "0.8"])
     with pytest.raises(ValueError, match="used only with --speculative-method"):
