@@ -60,6 +60,8 @@ def test_a_request_s_own_rate_overrides_the_distribution() -> None:
 def test_a_request_without_a_rate_needs_a_distribution() -> None:
     with pytest.raises(ValueError, match="--acceptance"):
         simulate(_workload(), _config(), COST, speculation=SimSpeculation(4))
+    with pytest.raises(ValueError, match="chunking policy"):
+        simulate(_workload(), _config(policy="vllm"), COST, speculation=SimSpeculation(4, AcceptanceDistribution(0.5)))
     # Every request carrying its own rate needs none.
     res = simulate(_workload(acceptance=0.7), _config(), COST, speculation=SimSpeculation(4))
     assert all(r.finish_time is not None for r in res.requests)
@@ -123,12 +125,14 @@ def test_capacity_speculation_flags_are_checked(tmp_path: Path) -> None:
     from sarathi_rt.cli import main
 
     args = ["capacity", "--simulate", "--tbt-slo", "0.05", "--out", str(tmp_path / "x")]
-    with pytest.raises(ValueError, match="--acceptance is used only with --speculative-method"):
+    with pytest.raises(ValueError, match="--acceptance and --speculative-k are used only with --speculative-method"):
         main([*args, "--policy", "sarathi", "--acceptance", "0.5"])
-    with pytest.raises(ValueError, match="chunking policies; policy vllm"):
+    with pytest.raises(ValueError, match="chunking policy .* policy 'vllm' prefills whole prompts"):
         main([*args, "--policy", "sarathi,vllm", "--speculative-method", "ngram", "--acceptance", "0.5"])
     with pytest.raises(ValueError, match="--acceptance"):
         main([*args, "--policy", "sarathi", "--speculative-method", "ngram", "--acceptance", "2"])
+    with pytest.raises(ValueError, match="used only with --speculative-method"):
+        main([*args, "--policy", "sarathi", "--speculative-k", "2"])
     with pytest.raises(ValueError, match="--acceptance"):  # not read by the engine
         main(["capacity", "--tbt-slo", "0.05", "--acceptance", "0.5", "--out", str(tmp_path / "x")])
 
@@ -149,10 +153,10 @@ def test_deploy_speculation_flags_are_checked() -> None:
     from sarathi_rt.cli import main
 
     base = DEPLOY
-    with pytest.raises(ValueError, match="--speculative-ngram-max not used by deploy"):
+    with pytest.raises(ValueError, match="--speculative-ngram-max not used by the simulator"):
         main([*base, "--speculative-method", "ngram", "--speculative-ngram-max", "3", "--acceptance", "0.8"])
     with pytest.raises(ValueError, match="used only with --speculative-method"):
         main([*base, "--acceptance", "0.8"])
-    with pytest.raises(ValueError, match="chunking policies"):
+    with pytest.raises(ValueError, match="chunking policy"):
         main([*base[:-7], "--policy", "vllm", "--num-requests", "40", "--json", "--speculative-method", "ngram",
               "--acceptance", "0.8"])

@@ -8,7 +8,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from sarathi_rt.config import SECTIONS, CacheOptions, SchedulerConfig, SchedulingOptions
 from sarathi_rt.config.speculative import SpeculativeOptions
@@ -83,7 +83,12 @@ def add_common_args(p: argparse.ArgumentParser, policies: str, *, simulator: boo
     m.add_argument("--hardware", choices=sorted(HARDWARE),
                    help="GPU of a vidur profile (default: the one its file name names, else a100)")
     m.add_argument("--num-layers", type=int, help="layers of the vidur-profiled model (default 32)")
-    m.add_argument("--acceptance", metavar="MEAN[,SPREAD]",
+    add_acceptance_flag(m)
+
+
+def add_acceptance_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The simulator's --acceptance (`capacity`, `bench` and `deploy`)."""
+    p.add_argument("--acceptance", metavar="MEAN[,SPREAD]",
                    help="with --speculative-method: each request's chance that a draft token is accepted, drawn "
                         "around MEAN with standard deviation SPREAD across requests (default 0); a trace's "
                         "acceptance column gives each request its own")
@@ -176,20 +181,23 @@ def workload_config(args: argparse.Namespace, qps: float, max_total_tokens: int 
                           qos_mix=getattr(args, "qos_mix", None))
 
 
-def sim_speculation(args: argparse.Namespace) -> SimSpeculation | None:
-    """The simulator's speculative decoding from --speculative-method/-k and --acceptance
-    (the method itself is the engine's business: the simulator draws acceptances)."""
-    method = args.options.get("speculative_method", "none")
-    if method == "none":
-        if args.acceptance is not None:
-            raise ValueError("--acceptance is used only with --speculative-method")
+def sim_speculation(options: Mapping[str, Any], acceptance: str | None, policies: Sequence[str],
+                    seed: int) -> SimSpeculation | None:
+    """The simulator's speculative decoding from the config fields --speculative-method
+    and -k (`options`) and --acceptance (the method itself is the engine's business: the
+    simulator draws acceptances; the n-gram sizes are not read)."""
+    unread = given_flags(options, ("speculative_ngram_min", "speculative_ngram_max"))
+    if unread:
+        raise ValueError(f"{', '.join(unread)} not used by the simulator (it draws acceptances: give --acceptance)")
+    if options.get("speculative_method", "none") == "none":
+        if acceptance is not None or "speculative_k" in options:
+            raise ValueError("--acceptance and --speculative-k are used only with --speculative-method")
         return None
-    unchunked = [p for p in parse_policies(args.policy) if not get_policy(p).chunked]
-    if unchunked:  # as the engine's config refuses them: draft rows could keep a whole prompt from any step
-        raise ValueError(f"--speculative-method needs chunking policies; policy {', '.join(unchunked)} prefills "
-                         f"whole prompts (give --policy sarathi or decode_maximal)")
-    dist = None if args.acceptance is None else AcceptanceDistribution.parse(args.acceptance)
-    return SimSpeculation(args.options.get("speculative_k", SpeculativeOptions.speculative_k), dist, args.seed)
+    dist = None if acceptance is None else AcceptanceDistribution.parse(acceptance)
+    speculation = SimSpeculation(options.get("speculative_k", SpeculativeOptions.speculative_k), dist, seed)
+    for policy in policies:
+        speculation.check_policy(policy)
+    return speculation
 
 
 def policy_options(args: argparse.Namespace, policy: str, workload: Sequence[RequestSpec]) -> dict[str, Any]:
@@ -249,7 +257,8 @@ class SimBackend:
             engine = self.cost_model.profile.engine
             self.num_blocks = given_blocks or engine["num_kv_blocks"]
             self.max_total_tokens = engine.get("max_total_tokens")
-            self.speculation = sim_speculation(self.args)
+            self.speculation = sim_speculation(self.args.options, self.args.acceptance, parse_policies(self.args.policy),
+                                           self.args.seed)
             return
         path = self.args.vidur_profile or data_path(DEFAULT_PROFILE)
         self.cost_model = VidurCostModel(path, num_layers=self.args.num_layers or 32,
@@ -257,7 +266,8 @@ class SimBackend:
                                          hardware=self.args.hardware)
         self.num_blocks = given_blocks or self.cost_model.kv_cache_blocks(
             self.args.options.get("block_size", CacheOptions.block_size), pipeline_stages=self.pipeline_stages)
-        self.speculation = sim_speculation(self.args)
+        self.speculation = sim_speculation(self.args.options, self.args.acceptance, parse_policies(self.args.policy),
+                                           self.args.seed)
 
     def close(self) -> None:
         """Nothing runs between calls (every backend has close())."""

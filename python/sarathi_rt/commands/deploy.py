@@ -11,11 +11,13 @@ import json
 import os
 import time
 
-from sarathi_rt.config.flags import add_config_flags, given_flags, given_options
+from sarathi_rt.config.flags import add_config_flags, given_options
 from sarathi_rt.config.speculative import SpeculativeOptions
 from sarathi_rt.sim.deploy import DeploymentRequest, DeploymentSLO, plan_deployment
-from sarathi_rt.sim import HARDWARE, AcceptanceDistribution, SimSpeculation
+from sarathi_rt.sim import HARDWARE
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, WorkloadConfig, data_path
+
+from ._serving import add_acceptance_flag, sim_speculation
 
 
 DEFAULT_PROFILE = "a100_llama-3-8b_mlp.csv.gz"
@@ -46,26 +48,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the result as JSON only")
     add_config_flags(p, (SpeculativeOptions,))
-    p.add_argument("--acceptance", metavar="MEAN[,SPREAD]",
-                   help="with --speculative-method: each request's chance that a draft token is accepted, drawn "
-                        "around MEAN with standard deviation SPREAD across requests (default 0); a trace's "
-                        "acceptance column gives each request its own")
+    add_acceptance_flag(p)
     p.set_defaults(run=run)
-
-
-def _speculation(args: argparse.Namespace) -> SimSpeculation | None:
-    """--speculative-method/-k and --acceptance (the proposer's n-gram sizes are the engine's:
-    the simulator draws acceptances)."""
-    options = given_options(args, (SpeculativeOptions,))
-    unread = given_flags(options, ("speculative_ngram_min", "speculative_ngram_max"))
-    if unread:
-        raise ValueError(f"{', '.join(unread)} not used by deploy (it draws acceptances: give --acceptance)")
-    if options.get("speculative_method", "none") == "none":
-        if args.acceptance is not None or "speculative_k" in options:
-            raise ValueError("--acceptance and --speculative-k are used only with --speculative-method")
-        return None
-    dist = None if args.acceptance is None else AcceptanceDistribution.parse(args.acceptance)
-    return SimSpeculation(options.get("speculative_k", SpeculativeOptions.speculative_k), dist, args.seed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,12 +57,14 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(profile):
         raise ValueError(f"--vidur-profile {args.vidur_profile!r} is neither a file nor one shipped in "
                          "sarathi_rt/data")
+    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     request = DeploymentRequest(
         qps=args.qps, slo=DeploymentSLO(args.tbt_slo, args.max_sched_delay, args.ttft_p50), profile=profile,
         num_layers=args.num_layers, hardware=args.hardware, gpus_per_node=args.gpus_per_node,
-        max_gpus=args.max_gpus, policies=tuple(p.strip() for p in args.policy.split(",") if p.strip()),
+        max_gpus=args.max_gpus, policies=policies,
         token_budgets=tuple(int(b) for b in args.token_budget.split(",")) if args.token_budget else (),
-        max_num_seqs=args.max_num_seqs, block_size=args.block_size, top=args.top, speculation=_speculation(args))
+        max_num_seqs=args.max_num_seqs, block_size=args.block_size, top=args.top,
+        speculation=sim_speculation(given_options(args, (SpeculativeOptions,)), args.acceptance, policies, args.seed))
     workload = WorkloadConfig(num_requests=args.num_requests, arrival=args.arrival, lengths=args.trace,
                               seed=args.seed)
     start = time.perf_counter()

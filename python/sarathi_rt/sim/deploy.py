@@ -76,9 +76,9 @@ class DeploymentRequest:
         if not self.policies:
             raise ValueError("policies must name at least one policy")
         for policy in self.policies:
-            if not get_policy(policy).chunked and self.speculation is not None:
-                raise ValueError(f"speculation needs chunking policies; policy {policy!r} prefills whole prompts, "
-                                 "which draft rows in the token budget could keep from ever fitting a step")
+            get_policy(policy)
+            if self.speculation is not None:
+                self.speculation.check_policy(policy)
         if any(not isinstance(b, int) or b < 1 for b in self.token_budgets):
             raise ValueError(f"token_budgets must be positive ints, got {self.token_budgets!r}")
 

@@ -122,7 +122,10 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     inflight: deque[_InFlight] = deque()
     now = workload[0].arrival_time if workload else 0.0
     nxt = 0
-    drafts = None if speculation is None else _Drafts(speculation, workload)
+    drafts = None
+    if speculation is not None:
+        speculation.check_policy(scheduler_config.policy)
+        drafts = _Drafts(speculation, workload)
 
     while True:
         while nxt < len(workload) and workload[nxt].arrival_time <= now:

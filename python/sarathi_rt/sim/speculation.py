@@ -17,6 +17,7 @@ from typing import Hashable, Literal, Sequence
 
 import numpy as np
 
+from sarathi_rt.scheduler import get_policy
 from sarathi_rt.scheduler.speculation import AcceptanceEstimate, SpecCandidate, speculation_lengths
 from sarathi_rt.step_time.shape import StepTimeModel, StepShape
 from sarathi_rt.utils.checks import positive_int
@@ -77,6 +78,15 @@ class SimSpeculation:
 
     def __post_init__(self) -> None:
         positive_int("k", self.k)
+
+    @staticmethod
+    def check_policy(policy: str) -> None:
+        """Speculation needs a chunking policy, as the engine's config does: draft rows
+        share the token budget, and a policy that prefills whole prompts could find no
+        step with room for the prompt at the head of its queue."""
+        if not get_policy(policy).chunked:
+            raise ValueError(f"speculative decoding needs a chunking policy (sarathi, decode_maximal); policy "
+                             f"{policy!r} prefills whole prompts")
 
     def rng(self, stream: int = 0) -> np.random.Generator:
         return np.random.default_rng([self.seed, stream])
