@@ -45,12 +45,14 @@ def test_predicted_duration_round_trips_through_csv(tmp_path) -> None:
 
 def _engine(steps: list[StepMetrics], qos_classes: dict | None = None) -> object:
     """What ServerStats reads of an engine: 2 of 8 KV blocks in use, 1 request running,
-    2 waiting, 3 preemptions, 40 prompt tokens looked up in the prefix cache, 16 hits."""
+    2 waiting, 3 preemptions, 40 prompt tokens looked up in the prefix cache, 16 hits,
+    10 speculative proposals verified, 4 accepted."""
     from types import SimpleNamespace
 
     from sarathi_rt.scheduler.prefix_cache import PrefixCacheStats
 
     return SimpleNamespace(step_metrics=steps, num_preemptions=3, prefix_cache_stats=lambda: PrefixCacheStats(40, 16),
+                           num_draft_tokens=10, num_accepted_tokens=4,
                            scheduler_config=SimpleNamespace(num_blocks=8, qos_classes=qos_classes),
                            scheduler=SimpleNamespace(num_running=1, num_waiting=2, num_free_blocks=6))
 

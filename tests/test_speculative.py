@@ -271,7 +271,35 @@ def test_abort_mid_speculation_frees_every_block(plain: list[list[int]]) -> None
     assert _all_free(llm)
 
 
+SMOLLM2_TEXT = ("def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n"
+                "def factorial(n):\n    result = 1\n    for i in range(2, n + 1):\n        result *= i\n"
+                "    return result\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["sarathi", "decode_maximal"])
+def test_smollm2_greedy_equals_plain_decoding(policy: str) -> None:
+    """The real model on input-grounded prompts (copy, edit a given file): the n-gram
+    proposer finds the text in the prompt, most proposals are accepted, and the output is
+    token for token the one plain decoding gives, with prefix caching on."""
+    asks = ["Repeat this code exactly:\n\n", "Rename the function fibonacci to fib in this code and show it:\n\n",
+            "Add a docstring to each function of this code:\n\n"]
+    params = SamplingParams(temperature=0.0, max_tokens=48)
+    options = {"policy": policy, "num_kv_blocks": 96, "block_size": 16, "enable_prefix_caching": True}
+    with LLM("smollm2-135m-instruct", **options) as llm:
+        prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": a + SMOLLM2_TEXT}],
+                                                     add_generation_prompt=True) for a in asks]
+        plain_ids = _ids(llm.generate(prompts, params, use_tqdm=False))
+    with LLM("smollm2-135m-instruct", speculative={"method": "ngram", "k": 4}, **options) as llm:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert _all_free(llm)
+    assert _ids(outs) == plain_ids
+    accepted, drafted = sum(o.num_accepted_tokens for o in outs), sum(o.num_draft_tokens for o in outs)
+    assert accepted > 0.4 * drafted > 0
+
+
 # -------------------------------------------------------------- engine, sampling
+@pytest.mark.slow
 def test_rejection_sampling_keeps_the_target_distribution() -> None:
     """Tokens 2 and 3 of many seeded samples, with an oracle that proposes a fixed guess
     at them (accepted sometimes, rejected sometimes), against plain sampling: a
@@ -316,3 +344,22 @@ class _FixedGuess:
 
     def release(self, key: Hashable) -> None:
         pass
+
+
+def test_metrics_export_proposed_accepted_and_the_rate(plain: list[list[int]]) -> None:
+    pytest.importorskip("prometheus_client")
+    from metrics_text import samples
+    from sarathi_rt.server.stats import PREFIX, ServerStats
+
+    llm = _llm(NGRAM)
+    stats = ServerStats(llm.engine, "tiny")
+    before = samples(stats.render()[0].decode())
+    assert before[f"{PREFIX}spec_decode_num_draft_tokens_total"] == 0
+    assert before[f"{PREFIX}spec_decode_acceptance_rate"] != before[f"{PREFIX}spec_decode_acceptance_rate"]  # NaN
+    _oracle(llm, plain, len(PROMPTS))
+    outs = _run(llm, SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0))
+    m = samples(stats.render()[0].decode())
+    drafted, accepted = sum(o.num_draft_tokens for o in outs), sum(o.num_accepted_tokens for o in outs)
+    assert m[f"{PREFIX}spec_decode_num_draft_tokens_total"] == drafted > 0
+    assert m[f"{PREFIX}spec_decode_num_accepted_tokens_total"] == accepted > 0
+    assert m[f"{PREFIX}spec_decode_acceptance_rate"] == pytest.approx(accepted / drafted)

@@ -43,7 +43,8 @@ class LLMEngine:
     `step_metrics` / `stage_metrics` keep the latest METRICS_WINDOW entries, so a
     long-running engine does not grow without bound; `num_steps` counts every step and
     `steps_since(n)` returns the steps after the n-th; `num_preemptions` counts every
-    preemption of a sample.
+    preemption of a sample; `num_draft_tokens` / `num_accepted_tokens` every proposal
+    verified / accepted.
 
     With a `tokenizer` each output carries its text, decoded incrementally, and requests
     can stop at strings (SamplingParams.stop).
@@ -91,6 +92,9 @@ class LLMEngine:
         self.stage_metrics: deque[StageMetrics] = deque(maxlen=self.METRICS_WINDOW)
         self.num_steps = 0
         self.num_preemptions = 0
+        # Speculative decoding, over every step: proposals verified, and of them accepted.
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         # Each plan in flight keeps the SequenceState of every entry: a request aborted (and
         # its id reused) while the plan runs must not receive that plan's token.
         # The samples that draw a token (SequenceChunk.rows) ride along, in row order.
@@ -400,6 +404,8 @@ class LLMEngine:
                 if seq.key in drafts:
                     seq.metrics.num_draft_tokens += drafts[seq.key]
                     seq.metrics.num_accepted_tokens += count - 1
+                    self.num_draft_tokens += drafts[seq.key]
+                    self.num_accepted_tokens += count - 1
                     accepted[seq.key] = kept - 1
                     sampled[seq.key] = tokens[:kept]
                 else:

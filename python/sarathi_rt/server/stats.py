@@ -192,10 +192,17 @@ class ServerStats:
                 ("num_preemptions", "Preemptions of samples by the scheduler (their KV recomputed later).",
                  engine.num_preemptions),
                 ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", cache.queries),
-                ("prefix_cache_hits", "Prompt tokens served from the prefix cache.", cache.hits)):
+                ("prefix_cache_hits", "Prompt tokens served from the prefix cache.", cache.hits),
+                ("spec_decode_num_draft_tokens", "Speculative decoding: proposed tokens verified.",
+                 engine.num_draft_tokens),
+                ("spec_decode_num_accepted_tokens", "Speculative decoding: verified proposals accepted (tokens "
+                 "generated without a step of their own).", engine.num_accepted_tokens)):
             family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             family.add_metric([self.model_name], value)
             yield family
+        yield self._gauge("spec_decode_acceptance_rate", "Share of the verified proposals accepted, since start "
+                          "(NaN before the first).", engine.num_accepted_tokens / engine.num_draft_tokens
+                          if engine.num_draft_tokens else math.nan)
         yield from self._slo_gauges()
 
     def _slo_gauges(self) -> Iterator[Metric]:
