@@ -62,6 +62,8 @@ def test_a_request_without_a_rate_needs_a_distribution() -> None:
         simulate(_workload(), _config(), COST, speculation=SimSpeculation(4))
     with pytest.raises(ValueError, match="chunking policy"):
         simulate(_workload(), _config(policy="vllm"), COST, speculation=SimSpeculation(4, AcceptanceDistribution(0.5)))
+    with pytest.raises(ValueError, match="request 0: acceptance must be in"):
+        simulate(_workload(acceptance=1.5), _config(), COST, speculation=SimSpeculation(4))
     # Every request carrying its own rate needs none.
     res = simulate(_workload(acceptance=0.7), _config(), COST, speculation=SimSpeculation(4))
     assert all(r.finish_time is not None for r in res.requests)

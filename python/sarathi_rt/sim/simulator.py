@@ -18,10 +18,10 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 from sarathi_rt.measure.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
-from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, QoSClass, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, QoSClass, Scheduler, SchedulerConfig, create_scheduler
 from sarathi_rt.step_time.shape import PlannedStep, StepShape, StepTimeModel
 from sarathi_rt.utils.checks import positive_int
 from sarathi_rt.workloads import RequestSpec
@@ -206,13 +206,13 @@ class _Drafts:
         self.k = spec.k
         self.rng = spec.rng()
         self.rate = spec.rates(workload)
-        self.live: set = set()
+        self.live: set[Hashable] = set()
 
-    def propose(self, sched) -> None:  # type: ignore[no-untyped-def]
+    def propose(self, sched: Scheduler) -> None:
         for rid in self.live:
             sched.set_proposals(rid, self.k)
 
-    def verify(self, plan: BatchPlan) -> dict:
+    def verify(self, plan: BatchPlan) -> dict[Hashable, int]:
         return {e.request_id: draw_accepted(self.rng, self.rate[e.request_id], e.num_draft)
                 for e in plan.entries if e.num_draft}
 

@@ -45,7 +45,7 @@ class AcceptanceDistribution:
 
     @classmethod
     def parse(cls, text: str) -> AcceptanceDistribution:
-        """"MEAN" or "MEAN,SPREAD" (the --acceptance flag)."""
+        """MEAN or MEAN,SPREAD, as the --acceptance flag gives them."""
         try:
             values = [float(v) for v in text.split(",")]
         except ValueError:
@@ -91,13 +91,14 @@ class SimSpeculation:
     def rng(self, stream: int = 0) -> np.random.Generator:
         return np.random.default_rng([self.seed, stream])
 
-
     def rates(self, workload: Sequence[RequestSpec]) -> dict[Hashable, float]:
         """Each request's acceptance rate: its own, else one drawn (from a stream of its
         own: the same rates whatever the steps draw)."""
         rng, out = self.rng(1), {}
         for r in workload:
             if r.acceptance is not None:
+                if not 0.0 <= r.acceptance <= 1.0:
+                    raise ValueError(f"request {r.request_id!r}: acceptance must be in [0, 1], got {r.acceptance!r}")
                 out[r.request_id] = r.acceptance
             elif self.acceptance is None:
                 raise ValueError(f"request {r.request_id!r} has no acceptance rate (its trace has no acceptance "
@@ -146,7 +147,8 @@ def run_decodes(model: StepTimeModel, num_decodes: int, acceptance: float, *, k:
     contexts = [context] * num_decodes
     base = StepShape.decodes(contexts, [0] * num_decodes)
     room = max(0, budget - num_decodes)
-    tokens, elapsed, times, verified = 0, 0.0, [], 0
+    tokens, elapsed, verified = 0, 0.0, 0
+    times: list[float] = []
     for _ in range(steps):
         if sizing == "rule":
             drafts = speculation_lengths(
