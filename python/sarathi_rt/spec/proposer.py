@@ -1,4 +1,4 @@
-"""The interface every proposer implements, and the one built from the config."""
+"""The interface every proposer implements."""
 from __future__ import annotations
 
 from typing import Hashable, Protocol, Sequence
@@ -21,14 +21,3 @@ class Proposer(Protocol):
     def propose(self, seq: ProposalSource) -> list[int]: ...
 
     def release(self, key: Hashable) -> None: ...
-
-
-def create_proposer(method: str, k: int, ngram_min: int, ngram_max: int) -> Proposer | None:
-    """The proposer of config.speculative_method (None for "none")."""
-    if method == "none":
-        return None
-    if method == "ngram":
-        from .ngram import NgramProposer
-
-        return NgramProposer(k, ngram_min, ngram_max)
-    raise ValueError(f"speculative_method must be 'none' or 'ngram', got {method!r}")
