@@ -59,6 +59,8 @@ EXPECT = {
     "bench_sim.py": r"simulator / scheduler = ",
     "bench_sim_fidelity.py": r"in target at the probed speed",
     "bench_spec.py": r"greedy outputs identical: True\nspeculative / plain tokens/s ratio: \d+\.\d+x at 1 ",
+    "bench_spec_sim.py": r"rule / fixed k where fixed k pays within the target: worst \d\.\d+x(.|\n)*"
+                         r"acceptance 0\.8: .* QPS, \d+\.\d+x no speculation",
     "bench_startup.py": r"ready in .* s",
     "bench_step_overhead.py": r"ms/step wall",
     "bench_token_budget.py": r"rule \(smallest step within 1\.2x the best time per token\) picks \d+; the CPU default "

@@ -35,12 +35,14 @@ SYNTHETIC_LENGTHS = ("fixed", "uniform")
 
 @dataclass(frozen=True)
 class Trace:
-    """Request lengths (and, for some traces, arrival times in seconds) in trace order."""
+    """Request lengths (and, for some traces, arrival times in seconds and the per-token
+    acceptance rate of each request's speculative drafts) in trace order."""
 
     name: str
     num_prompt_tokens: np.ndarray
     num_decode_tokens: np.ndarray
     arrival_times: np.ndarray | None = None
+    acceptance: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.num_prompt_tokens)
@@ -50,7 +52,9 @@ class Trace:
 class RequestSpec:
     """One request; `prompt_token_ids` only where prompts share text (else None: the
     engine draws random ids, the simulator needs none). `qos`: its QoS class (None:
-    the scheduler's default_qos)."""
+    the scheduler's default_qos). `acceptance`: the chance that each draft token of
+    its speculative decoding is accepted, for the simulator (None: the simulator's
+    acceptance distribution draws one)."""
 
     request_id: int
     arrival_time: float
@@ -58,6 +62,7 @@ class RequestSpec:
     num_decode_tokens: int
     prompt_token_ids: tuple[int, ...] | None = None
     qos: str | None = None
+    acceptance: float | None = None
 
 
 def data_path(filename: str) -> str:
@@ -67,7 +72,8 @@ def data_path(filename: str) -> str:
 
 def load_trace(name_or_path: str) -> Trace:
     """A built-in trace by name (see BUILTIN_TRACES) or a CSV (optionally .gz) with
-    columns num_prefill_tokens, num_decode_tokens and optionally arrived_at."""
+    columns num_prefill_tokens, num_decode_tokens and optionally arrived_at and
+    acceptance (each request's draft acceptance rate in [0, 1], for the simulator)."""
     if name_or_path in BUILTIN_TRACES:
         return _read_trace(data_path(BUILTIN_TRACES[name_or_path]), name_or_path)
     if not os.path.isfile(name_or_path):
@@ -95,18 +101,21 @@ def _read_trace(path: str, name: str) -> Trace:
         prompt = np.array([int(float(r["num_prefill_tokens"])) for r in rows], dtype=np.int64)
         decode = np.array([int(float(r["num_decode_tokens"])) for r in rows], dtype=np.int64)
         arrivals = np.array([float(r["arrived_at"]) for r in rows]) if "arrived_at" in rows[0] else None
+        acceptance = np.array([float(r["acceptance"]) for r in rows]) if "acceptance" in rows[0] else None
     except (TypeError, ValueError, OverflowError) as e:  # int(float("inf")) overflows
         raise ValueError(f"trace {path!r} has a cell that is not a finite number: {e}") from None
     if arrivals is not None and not np.isfinite(arrivals).all():
         raise ValueError(f"trace {path!r}: arrived_at must be finite numbers")
+    if acceptance is not None and not ((acceptance >= 0) & (acceptance <= 1)).all():
+        raise ValueError(f"trace {path!r}: acceptance must be rates in [0, 1]")
     if (prompt <= 0).any() or (decode <= 0).any():
         raise ValueError(f"trace {path!r} has a request with a non-positive token count")
     if arrivals is not None and (np.diff(arrivals) < 0).any():
         raise ValueError(f"trace {path!r}: arrived_at must be non-decreasing")
-    for a in (prompt, decode, arrivals):
+    for a in (prompt, decode, arrivals, acceptance):
         if a is not None:
             a.setflags(write=False)  # cached and shared between callers
-    return Trace(name, prompt, decode, arrivals)
+    return Trace(name, prompt, decode, arrivals, acceptance)
 
 
 @dataclass(frozen=True)
@@ -187,7 +196,7 @@ def make_workload(config: WorkloadConfig) -> list[RequestSpec]:
     import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
 
     rng = np.random.default_rng(config.seed)
-    prompt, decode, trace_times = _lengths(config, rng)
+    prompt, decode, trace_times, acceptance = _lengths(config, rng)
     n = config.num_requests
     if config.arrival == "poisson":
         arrivals = np.cumsum(rng.exponential(1.0 / config.qps, n))
@@ -205,24 +214,32 @@ def make_workload(config: WorkloadConfig) -> list[RequestSpec]:
         names, fracs = list(config.qos_mix), np.array(list(config.qos_mix.values()))
         picks = np.random.default_rng([config.seed, 1]).choice(len(names), n, p=fracs / fracs.sum())
         classes = [names[k] for k in picks]
-    return [RequestSpec(i, float(arrivals[i]), int(prompt[i]), int(decode[i]), qos=classes[i]) for i in range(n)]
+    rates = [None] * n if acceptance is None else [float(a) for a in acceptance]
+    return [RequestSpec(i, float(arrivals[i]), int(prompt[i]), int(decode[i]), qos=classes[i], acceptance=rates[i])
+            for i in range(n)]
 
 
 def _lengths(config: WorkloadConfig, rng: np.random.Generator
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Prompt and decode lengths, the trace's arrival times (arrival="trace") and its
+    acceptance rates (when it has them), for config.num_requests requests."""
     import numpy as np  # here, not at the top: importing this module stays cheap (no numpy)
 
     n = config.num_requests
     if config.lengths == "fixed":
-        return np.full(n, config.prompt_len), np.full(n, config.decode_len), None
+        return np.full(n, config.prompt_len), np.full(n, config.decode_len), None, None
     if config.lengths == "uniform":
         (pl, ph), (dl, dh) = config.prompt_range, config.decode_range
-        return rng.integers(pl, ph + 1, n), rng.integers(dl, dh + 1, n), None
+        return rng.integers(pl, ph + 1, n), rng.integers(dl, dh + 1, n), None, None
     trace = load_trace(config.lengths)
     if config.arrival == "trace" and trace.arrival_times is None:
         raise ValueError(f"arrival='trace' but trace {config.lengths!r} has no arrived_at column")
     prompt = np.maximum(1, np.rint(trace.num_prompt_tokens * config.length_scale)).astype(np.int64)
     decode = np.maximum(1, np.rint(trace.num_decode_tokens * config.length_scale)).astype(np.int64)
+
+    def rates(at: np.ndarray) -> np.ndarray | None:
+        return None if trace.acceptance is None else trace.acceptance[at]
+
     keep = np.ones(len(trace), dtype=bool)
     if config.max_total_tokens is not None:
         keep = prompt + decode <= config.max_total_tokens
@@ -237,9 +254,9 @@ def _lengths(config: WorkloadConfig, rng: np.random.Generator
             raise ValueError(f"num_requests ({n}) exceeds the {len(idx)} usable requests of trace "
                              f"{config.lengths!r}, which arrival='trace' replays once")
         idx = idx[:n]
-        return prompt[idx], decode[idx], trace.arrival_times[idx]  # type: ignore[index]
-    picks = rng.permutation(idx) if n <= len(idx) else rng.choice(idx, n)
-    return prompt[picks[:n]], decode[picks[:n]], None
+        return prompt[idx], decode[idx], trace.arrival_times[idx], rates(idx)  # type: ignore[index]
+    picks = rng.permutation(idx)[:n] if n <= len(idx) else rng.choice(idx, n)
+    return prompt[picks], decode[picks], None, rates(picks)
 
 
 def _rescale(times: np.ndarray, qps: float) -> np.ndarray:

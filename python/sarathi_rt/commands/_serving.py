@@ -8,9 +8,10 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from sarathi_rt.config import SECTIONS, CacheOptions, SchedulerConfig, SchedulingOptions
+from sarathi_rt.config.speculative import SpeculativeOptions
 from sarathi_rt.config.budget import (DEFAULT_BUDGET_TILE, Budget, add_budget_flags, check_budget_flags,
                                       resolve_budget)
 from sarathi_rt.config.flags import add_config_flags, flag_name, given_flags, given_options
@@ -20,7 +21,7 @@ from sarathi_rt.measure.metrics import RequestMetrics, StepMetrics
 from sarathi_rt.scheduler import available_policies, get_policy
 from sarathi_rt.scheduler.config import READ_ONLY_BY
 from sarathi_rt.scheduler.qos import qos_classes_from
-from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
+from sarathi_rt.sim import HARDWARE, AcceptanceDistribution, SimSpeculation, VidurCostModel, simulate
 from sarathi_rt.sim.budget import choose_token_budget, loaded_curve
 from sarathi_rt.sim.shape_model import ShapeCostModel
 from sarathi_rt.workloads import (ARRIVALS, BUILTIN_TRACES, RequestSpec, WorkloadConfig, check_qos_mix, data_path,
@@ -31,8 +32,9 @@ DEFAULT_PROFILE = "a100_llama-2-7b_mlp.csv.gz"
 # size and the parallel degrees (columns of a vidur profile). Every other field is
 # the engine's, and an error with --simulate.
 SIMULATOR_FIELDS = field_names(SchedulingOptions, CacheOptions) | {"num_kv_blocks", "tensor_parallel_size",
-                                                                     "pipeline_parallel_size", "seed"}
-SIMULATOR_FLAGS = ("vidur_profile", "step_profile", "hardware", "num_layers")
+                                                                     "pipeline_parallel_size", "seed",
+                                                                     "speculative_method", "speculative_k"}
+SIMULATOR_FLAGS = ("vidur_profile", "step_profile", "hardware", "num_layers", "acceptance")
 VIDUR_ONLY = ("hardware", "num_layers", "tensor_parallel_size")  # a step profile fixes the engine it measured
 ENDPOINT_FLAGS = ("vocab_size",)
 
@@ -81,6 +83,15 @@ def add_common_args(p: argparse.ArgumentParser, policies: str, *, simulator: boo
     m.add_argument("--hardware", choices=sorted(HARDWARE),
                    help="GPU of a vidur profile (default: the one its file name names, else a100)")
     m.add_argument("--num-layers", type=int, help="layers of the vidur-profiled model (default 32)")
+    add_acceptance_flag(m)
+
+
+def add_acceptance_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The simulator's --acceptance (`capacity`, `bench` and `deploy`)."""
+    p.add_argument("--acceptance", metavar="MEAN[,SPREAD]",
+                   help="with --speculative-method: each request's chance that a draft token is accepted, drawn "
+                        "around MEAN with standard deviation SPREAD across requests (default 0); a trace's "
+                        "acceptance column gives each request its own")
 
 
 def resolve_flags(args: argparse.Namespace) -> str:
@@ -170,6 +181,25 @@ def workload_config(args: argparse.Namespace, qps: float, max_total_tokens: int 
                           qos_mix=getattr(args, "qos_mix", None))
 
 
+def sim_speculation(options: Mapping[str, Any], acceptance: str | None, policies: Sequence[str],
+                    seed: int) -> SimSpeculation | None:
+    """The simulator's speculative decoding from the config fields --speculative-method
+    and -k (`options`) and --acceptance (the method itself is the engine's business: the
+    simulator draws acceptances; the n-gram sizes are not read)."""
+    unread = given_flags(options, ("speculative_ngram_min", "speculative_ngram_max"))
+    if unread:
+        raise ValueError(f"{', '.join(unread)} not used by the simulator (it draws acceptances: give --acceptance)")
+    if options.get("speculative_method", "none") == "none":
+        if acceptance is not None or "speculative_k" in options:
+            raise ValueError("--acceptance and --speculative-k are used only with --speculative-method")
+        return None
+    dist = None if acceptance is None else AcceptanceDistribution.parse(acceptance)
+    speculation = SimSpeculation(options.get("speculative_k", SpeculativeOptions.speculative_k), dist, seed)
+    for policy in policies:
+        speculation.check_policy(policy)
+    return speculation
+
+
 def policy_options(args: argparse.Namespace, policy: str, workload: Sequence[RequestSpec]) -> dict[str, Any]:
     """The config fields one policy of the comparison runs with: the flags, the budget
     by the budget rule, and what the other policies of the run read but this one cannot.
@@ -227,6 +257,8 @@ class SimBackend:
             engine = self.cost_model.profile.engine
             self.num_blocks = given_blocks or engine["num_kv_blocks"]
             self.max_total_tokens = engine.get("max_total_tokens")
+            self.speculation = sim_speculation(self.args.options, self.args.acceptance, parse_policies(self.args.policy),
+                                           self.args.seed)
             return
         path = self.args.vidur_profile or data_path(DEFAULT_PROFILE)
         self.cost_model = VidurCostModel(path, num_layers=self.args.num_layers or 32,
@@ -234,6 +266,8 @@ class SimBackend:
                                          hardware=self.args.hardware)
         self.num_blocks = given_blocks or self.cost_model.kv_cache_blocks(
             self.args.options.get("block_size", CacheOptions.block_size), pipeline_stages=self.pipeline_stages)
+        self.speculation = sim_speculation(self.args.options, self.args.acceptance, parse_policies(self.args.policy),
+                                           self.args.seed)
 
     def close(self) -> None:
         """Nothing runs between calls (every backend has close())."""
@@ -241,7 +275,8 @@ class SimBackend:
     def run(self, policy: str, workload: Sequence[RequestSpec], progress: Callable[[int], None] | None
             ) -> tuple[list[RequestMetrics], list[StepMetrics]]:
         cfg = scheduler_config(self.args, policy, workload, self.num_blocks)
-        res = simulate(workload, cfg, self.cost_model, pipeline_stages=self.pipeline_stages, progress=progress)
+        res = simulate(workload, cfg, self.cost_model, pipeline_stages=self.pipeline_stages, progress=progress,
+                       speculation=self.speculation)
         return res.requests, res.steps
 
 

@@ -11,9 +11,13 @@ import json
 import os
 import time
 
+from sarathi_rt.config.flags import add_config_flags, given_options
+from sarathi_rt.config.speculative import SpeculativeOptions
 from sarathi_rt.sim.deploy import DeploymentRequest, DeploymentSLO, plan_deployment
 from sarathi_rt.sim import HARDWARE
 from sarathi_rt.workloads import ARRIVALS, BUILTIN_TRACES, WorkloadConfig, data_path
+
+from ._serving import add_acceptance_flag, sim_speculation
 
 
 DEFAULT_PROFILE = "a100_llama-3-8b_mlp.csv.gz"
@@ -43,6 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--arrival", choices=ARRIVALS, default="poisson")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the result as JSON only")
+    add_config_flags(p, (SpeculativeOptions,))
+    add_acceptance_flag(p)
     p.set_defaults(run=run)
 
 
@@ -51,12 +57,14 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(profile):
         raise ValueError(f"--vidur-profile {args.vidur_profile!r} is neither a file nor one shipped in "
                          "sarathi_rt/data")
+    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     request = DeploymentRequest(
         qps=args.qps, slo=DeploymentSLO(args.tbt_slo, args.max_sched_delay, args.ttft_p50), profile=profile,
         num_layers=args.num_layers, hardware=args.hardware, gpus_per_node=args.gpus_per_node,
-        max_gpus=args.max_gpus, policies=tuple(p.strip() for p in args.policy.split(",") if p.strip()),
+        max_gpus=args.max_gpus, policies=policies,
         token_budgets=tuple(int(b) for b in args.token_budget.split(",")) if args.token_budget else (),
-        max_num_seqs=args.max_num_seqs, block_size=args.block_size, top=args.top)
+        max_num_seqs=args.max_num_seqs, block_size=args.block_size, top=args.top,
+        speculation=sim_speculation(given_options(args, (SpeculativeOptions,)), args.acceptance, policies, args.seed))
     workload = WorkloadConfig(num_requests=args.num_requests, arrival=args.arrival, lengths=args.trace,
                               seed=args.seed)
     start = time.perf_counter()

@@ -27,10 +27,10 @@ token is allotted while
 1. it fits the budget: n <= budget_left, and n <= the drafts proposed;
 2. the step stays within the TBT target: step_time(n) <= time_target (when both given);
 3. its gain beats its cost. The cost is the sum of
-   - **time**: the token adds step_time(n) - step_time(n - 1) seconds to a step that
-     every running request waits on, the decodes and (when any is waiting) a prefill:
-     that delay, as a share of the step, times those requests; with many decodes this
-     alone fades speculation out;
+   - **time**: the drafts add (step_time(n) - step_time(0)) / n seconds each (the mean,
+     robust to a measured model's tile staircase) to a step that every running request
+     waits on, the decodes and (when any is waiting) a prefill: that delay, as a share of
+     the step, times those requests; with many decodes this alone fades speculation out;
    - **the prefill it displaces**: the budget room the waiting prefill cannot use
      (budget_left - prefill_waiting) is free; a draft beyond it takes a prompt token
      from this step. The prefill gets budget_left tokens a step at most, so the token
@@ -115,7 +115,10 @@ def speculation_lengths(candidates: Sequence[SpecCandidate], budget_left: int, *
     budget_left: the step's token budget after every decode's own token;
     step_time(extra): predicted seconds of the step with `extra` verification tokens added
     (None: no step-time model); time_target: the TBT target the step must stay within;
-    prefill_waiting: prompt tokens waiting or mid-prefill that could use the budget."""
+    prefill_waiting: prompt tokens waiting or mid-prefill that could use the budget.
+    The time cost counts one waiting request per candidate (plus one for a waiting
+    prefill), so every decode of the step belongs in `candidates`, one without
+    proposals with available 0."""
     if not isinstance(budget_left, int):
         raise ValueError(f"budget_left must be an int, got {budget_left!r}")
     if not isinstance(prefill_waiting, int) or prefill_waiting < 0:
@@ -145,11 +148,14 @@ def speculation_lengths(candidates: Sequence[SpecCandidate], budget_left: int, *
             if time_target is not None and t > time_target:
                 return False
             if base > 0:
-                cost += waiters * max(t - step_time(n - 1), 0.0) / base
+                cost += waiters * max(t - base, 0.0) / (n * base)
         return drafts[n - 1][0] >= max(cost, MIN_GAIN)
 
-    # Gains fall and costs grow with n (for a step time convex in its tokens, as every
-    # model here is), so the n that pass form a prefix: binary search its end.
+    # Gains fall with n and, for a step time convex in its tokens, costs grow: the n that
+    # pass form a prefix, found by binary search. A measured step time is a staircase
+    # (tiles), not convex: hence the time a draft adds is priced as the drafts' mean
+    # (not the last one's, which is a whole tile at a step's edge and nothing inside
+    # it), and the search still ends on an n that passes, within the target.
     lo, hi = 0, cap
     while lo < hi:
         mid = (lo + hi + 1) // 2

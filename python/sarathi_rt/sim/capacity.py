@@ -11,7 +11,7 @@ from typing import Callable
 
 from sarathi_rt.measure.metrics import DEFAULT_STALL_FACTOR, MetricsSummary
 from sarathi_rt.scheduler import SchedulerConfig
-from sarathi_rt.sim import CostModel, simulate
+from sarathi_rt.sim import CostModel, SimSpeculation, simulate
 from sarathi_rt.workloads import WorkloadConfig, make_workload
 
 
@@ -159,12 +159,12 @@ def find_capacity(run: Callable[[float], MetricsSummary], slo: SLO | AttainmentS
 
 def simulated_capacity(workload: WorkloadConfig, scheduler_config: SchedulerConfig, cost_model: CostModel,
                        slo: SLO | AttainmentSLO, *, pipeline_stages: int = 1, stall_factor: float = DEFAULT_STALL_FACTOR,
-                       **search: float | int) -> CapacityResult:
+                       speculation: SimSpeculation | None = None, **search: float | int) -> CapacityResult:
     """find_capacity on the simulator: the same requests (seeded) at each probed rate."""
 
     def run(qps: float) -> MetricsSummary:
         requests = make_workload(replace(workload, qps=qps))
-        return simulate(requests, scheduler_config, cost_model,
-                        pipeline_stages=pipeline_stages).summary(stall_factor)
+        return simulate(requests, scheduler_config, cost_model, pipeline_stages=pipeline_stages,
+                        speculation=speculation).summary(stall_factor)
 
     return find_capacity(run, slo, policy=scheduler_config.policy, **search)  # type: ignore[arg-type]

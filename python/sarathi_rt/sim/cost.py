@@ -232,7 +232,7 @@ class VidurCostModel(ShapeCost):
     def attention_and_head_time(self, shape: StepShape) -> tuple[float, float]:
         """(attention, LM head) seconds of a step of this shape."""
         hw = self.hw
-        keys = shape.prefill_pairs + shape.decode_kv  # (query, key) pairs; a decode's query sees s + 1 keys
+        keys = shape.chunk_pairs + shape.decode_kv  # (query, key) pairs; a decode's own query sees s + 1 keys
         flops = 4 * self.n_head * self.head_dim * keys
         nbytes = 2 * (shape.prefill_kv + shape.decode_kv) * self.n_kv_head * self.head_dim * self.dtype_bytes
         attention = self.num_layers * max(flops / (hw.peak_flops * self.attn_flops_eff),

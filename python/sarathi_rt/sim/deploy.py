@@ -23,7 +23,7 @@ from sarathi_rt.sim.budget import choose_token_budget, cost_model_curve
 from sarathi_rt.sim.capacity import SLO, find_capacity
 from sarathi_rt.measure.metrics import MetricsSummary, summarize
 from sarathi_rt.scheduler import BatchPlan, PlanEntry, SchedulerConfig, get_policy
-from sarathi_rt.sim import HARDWARE, VidurCostModel, simulate
+from sarathi_rt.sim import HARDWARE, SimSpeculation, VidurCostModel, simulate
 from sarathi_rt.utils.checks import positive_int
 from sarathi_rt.workloads import RequestSpec, WorkloadConfig, make_workload
 
@@ -64,6 +64,7 @@ class DeploymentRequest:
     max_num_seqs: int = 128
     block_size: int = 16
     top: int = 5
+    speculation: SimSpeculation | None = None  # speculative decoding in every replica (chunked policies)
 
     def __post_init__(self) -> None:
         if not (self.qps > 0 and math.isfinite(self.qps)):
@@ -76,6 +77,8 @@ class DeploymentRequest:
             raise ValueError("policies must name at least one policy")
         for policy in self.policies:
             get_policy(policy)
+            if self.speculation is not None:
+                self.speculation.check_policy(policy)
         if any(not isinstance(b, int) or b < 1 for b in self.token_budgets):
             raise ValueError(f"token_budgets must be positive ints, got {self.token_budgets!r}")
 
@@ -296,7 +299,7 @@ def _runner(request: DeploymentRequest, workload: WorkloadConfig, cand: Candidat
         if not get_policy(cand.policy).chunked:  # a longer run may hold a longer request
             longest = max(r.num_prompt_tokens + r.num_decode_tokens for r in requests)
             run_config = replace(config, token_budget=max(config.token_budget, longest))
-        result = simulate(requests, run_config, cost, pipeline_stages=cand.pp)
+        result = simulate(requests, run_config, cost, pipeline_stages=cand.pp, speculation=request.speculation)
         return summarize(result.requests[len(result.requests) // 2:], result.steps)
 
     return run

@@ -133,7 +133,7 @@ class ShapeCostModel(ShapeCost):
         row = [0.0] * len(self._grid)
         for i, w in self._dense_weights(sh.num_tokens):
             row[i] = w
-        return row + [sh.prefill_pairs, sh.prefill_kv + sh.decode_kv, sh.num_sampled, float(sh.num_sampled > 0)]
+        return row + [sh.chunk_pairs, sh.prefill_kv + sh.decode_kv, sh.num_sampled, float(sh.num_sampled > 0)]
 
     def dense_time(self, num_tokens: int) -> float:
         return sum(self._g[i] * w for i, w in self._dense_weights(num_tokens))
@@ -144,7 +144,7 @@ class ShapeCostModel(ShapeCost):
 
     def _shape_time(self, shape: StepShape) -> float:
         """Everything but G: attention, the KV read, sampling and the LM head."""
-        return self.a_pairs * shape.prefill_pairs + self.a_kv * (shape.prefill_kv + shape.decode_kv) + \
+        return self.a_pairs * shape.chunk_pairs + self.a_kv * (shape.prefill_kv + shape.decode_kv) + \
             self.a_sampled * shape.num_sampled + (self.head_s if shape.num_sampled else 0.0)
 
     def predict_shape(self, shape: StepShape) -> float:

@@ -6,22 +6,28 @@ With pipeline_stages = k the model's layers are split evenly over k stages. A pl
 occupies each stage for step_time / k (plus the send to the next stage) in turn, and
 waits before a stage that is still busy with the previous micro-batch. That wait is
 the pipeline bubble: uneven micro-batches (a long prefill after short decodes) create
-it; equal-sized hybrid batches avoid it."""
+it; equal-sized hybrid batches avoid it.
+
+With `speculation`, every decode has k proposals each step (Scheduler.set_proposals);
+the scheduler sizes how many it verifies, and each step's accepted counts are drawn from
+the request's acceptance rate (its RequestSpec.acceptance, else one drawn from the
+speculation's distribution): see sim.speculation."""
 from __future__ import annotations
 
 import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 from sarathi_rt.measure.metrics import DEFAULT_STALL_FACTOR, MetricsSummary, RequestMetrics, StepMetrics, summarize
-from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, QoSClass, SchedulerConfig, create_scheduler
+from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, QoSClass, Scheduler, SchedulerConfig, create_scheduler
 from sarathi_rt.step_time.shape import PlannedStep, StepShape, StepTimeModel
 from sarathi_rt.utils.checks import positive_int
 from sarathi_rt.workloads import RequestSpec
 
 from .cost import CostModel
+from .speculation import SimSpeculation, draw_accepted
 
 
 @dataclass
@@ -84,7 +90,8 @@ class PipelineLatency:
 def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig, cost_model: CostModel,
              *, pipeline_stages: int = 1, progress: Callable[[int], None] | None = None,
              step_time_model: StepTimeModel | None = None,
-             step_observer: Callable[[BatchPlan, float], None] | None = None) -> SimResult:
+             step_observer: Callable[[BatchPlan, float], None] | None = None,
+             speculation: SimSpeculation | None = None) -> SimResult:
     """Replay `workload` (sorted by arrival) through `scheduler_config.policy` with step
     times from `cost_model`. Deterministic: the same inputs give the same result.
     `progress(n)` is called with the number of requests each step finished;
@@ -93,7 +100,8 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     With scheduler_config.tbt_slo the adaptive budget asks `step_time_model` (default:
     the cost model itself, which knows every step exactly; with pipeline stages, the
     micro-batch's trip through all of them, see PipelineLatency); a model passed in
-    observes each micro-batch from its issue to its last stage, as the engine does."""
+    observes each micro-batch from its issue to its last stage, as the engine does.
+    `speculation`: speculative decoding with k proposals per decode (None: none)."""
     positive_int("pipeline_stages", pipeline_stages)
     if any(b.arrival_time < a.arrival_time for a, b in zip(workload, workload[1:])):
         raise ValueError("workload must be sorted by arrival_time")
@@ -114,6 +122,10 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
     inflight: deque[_InFlight] = deque()
     now = workload[0].arrival_time if workload else 0.0
     nxt = 0
+    drafts = None
+    if speculation is not None:
+        speculation.check_policy(scheduler_config.policy)
+        drafts = _Drafts(speculation, workload)
 
     while True:
         while nxt < len(workload) and workload[nxt].arrival_time <= now:
@@ -121,8 +133,12 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
             sched.add_request(r.request_id, r.num_prompt_tokens, r.num_decode_tokens,
                               prompt_token_ids=r.prompt_token_ids, qos=r.qos, arrival_time=r.arrival_time)
             records[index[r.request_id]].qos = sched.request_info(r.request_id).qos  # default_qos applied
+            if drafts is not None:
+                drafts.live.add(r.request_id)
             nxt += 1
         if len(inflight) < k and free_at[0] <= now and sched.has_unfinished():
+            if drafts is not None:
+                drafts.propose(sched)
             plan = sched.schedule(now)
             for rid in plan.preempted:
                 records[index[rid]].num_preemptions += 1
@@ -153,7 +169,7 @@ def simulate(workload: Sequence[RequestSpec], scheduler_config: SchedulerConfig,
             break
         now = max(now, min(events))
         while inflight and inflight[0].done_at <= now:
-            _complete(inflight.popleft(), sched, records, index, progress)
+            _complete(inflight.popleft(), sched, records, index, progress, drafts)
 
     makespan = max((r.finish_time for r in records if r.finish_time is not None), default=now)
     start = workload[0].arrival_time if workload else 0.0
@@ -182,21 +198,43 @@ def _issue(plan: BatchPlan, now: float, cost_model: CostModel, k: int, free_at: 
     return t
 
 
+class _Drafts:
+    """The simulator's proposer and verifier: k proposals for every live request each
+    step, and accepted counts drawn from each request's acceptance rate."""
+
+    def __init__(self, spec: SimSpeculation, workload: Sequence[RequestSpec]) -> None:
+        self.k = spec.k
+        self.rng = spec.rng()
+        self.rate = spec.rates(workload)
+        self.live: set[Hashable] = set()
+
+    def propose(self, sched: Scheduler) -> None:
+        for rid in self.live:
+            sched.set_proposals(rid, self.k)
+
+    def verify(self, plan: BatchPlan) -> dict[Hashable, int]:
+        return {e.request_id: draw_accepted(self.rng, self.rate[e.request_id], e.num_draft)
+                for e in plan.entries if e.num_draft}
+
+
 def _complete(f: _InFlight, sched, records: list[RequestMetrics], index: dict,
-              progress: Callable[[int], None] | None) -> None:
+              progress: Callable[[int], None] | None, drafts: _Drafts | None) -> None:
     # One pass over the entries (the simulator's hot loop): first scheduling is
     # recorded here, at completion, with the time the plan was issued.
     t = f.done_at
+    accepted = {} if drafts is None else drafts.verify(f.plan)
     for e in f.plan.entries:
         rec = records[index[e.request_id]]
         if rec.first_scheduled_time is None:
             rec.first_scheduled_time = f.issued_at
             rec.num_cached_tokens = e.start_pos  # cached tokens cost no compute: not in the plan
         if e.emits_token:
-            rec.token_times.append(t)
+            rec.token_times.extend([t] * (1 + accepted.get(e.request_id, 0)))
             if rec.first_token_time is None:
                 rec.first_token_time = t
-    finished = sched.update(f.plan)
+    finished = sched.update(f.plan, accepted=accepted or None)
+    if drafts is not None:
+        drafts.live.difference_update(finished)
     for rid in finished:
         records[index[rid]].finish_time = t
     if progress is not None and finished:

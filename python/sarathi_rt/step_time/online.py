@@ -2,8 +2,10 @@
 token budget (SchedulerConfig.tbt_slo) can size each step to the TBT target on any
 machine without a profile.
 
-Step time is a linear function of the step's shape (StepShape): a fixed cost, prefill
-tokens, their (query, key) attention pairs, decodes, KV tokens read and rows sampled,
+Step time is a linear function of the step's shape (StepShape): a fixed cost, the rows
+of causal chunks (prefill chunks and the draft rows a verifying decode adds: both are
+queries over a context and themselves, so one coefficient prices both), their (query,
+key) attention pairs, decodes, KV tokens read and rows sampled,
 fitted by least squares with non-negative coefficients over a sliding window of recent
 steps. The prediction is that fit plus a high quantile of its recent errors (each
 measured before the step was learned from), so the budget guards the P99 step, not the
@@ -26,7 +28,7 @@ from .shape import PlannedStep, StepShape
 
 
 def features(shape: StepShape) -> list[float]:
-    return [1.0, shape.num_prefill_tokens, shape.prefill_pairs, shape.num_decodes,
+    return [1.0, shape.chunk_tokens, shape.chunk_pairs, shape.num_decodes,
             shape.prefill_kv + shape.decode_kv, shape.num_sampled]
 
 

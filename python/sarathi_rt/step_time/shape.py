@@ -3,7 +3,7 @@ prefill tokens with their context, its decodes with theirs, the rows it samples)
 the protocol of a model that predicts the step's time from that shape."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 
@@ -18,6 +18,8 @@ class PlannedEntry(Protocol):
     def is_prefill(self) -> bool: ...
     @property
     def emits_token(self) -> bool: ...
+    @property
+    def num_draft(self) -> int: ...
 
 
 class PlannedStep(Protocol):
@@ -37,7 +39,13 @@ class StepShape:
 
     prefill_pairs: (query, key) pairs of the prefill chunks: a chunk of q tokens from
         position s attends to s + 1, ..., s + q keys.
-    prefill_kv / decode_kv: KV tokens the chunks / decodes read (s + q per entry).
+    prefill_kv / decode_kv: KV tokens the chunks / decodes read (s + q per entry; a
+        verifying decode reads its drafts' keys too).
+    num_draft_tokens / draft_pairs: the draft rows of verifying decodes and their
+        (query, key) pairs. A decode over s cached tokens that verifies d drafts is a
+        causal chunk of 1 + d queries: its own row (counted in num_decodes) and d rows
+        seeing s + 2, ..., s + 1 + d keys, each sampled. Draft rows cost what prefill
+        rows cost (chunk_tokens, chunk_pairs), not what a decode's one row does.
     """
 
     num_prefill_tokens: int = 0
@@ -46,24 +54,64 @@ class StepShape:
     num_decodes: int = 0
     decode_kv: int = 0
     num_sampled: int = 0
+    num_draft_tokens: int = 0
+    draft_pairs: int = 0
 
     @property
     def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decodes
+        return self.num_prefill_tokens + self.num_decodes + self.num_draft_tokens
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Query rows of causal chunks: prefill chunks and verification rows."""
+        return self.num_prefill_tokens + self.num_draft_tokens
+
+    @property
+    def chunk_pairs(self) -> int:
+        """(query, key) pairs of those rows."""
+        return self.prefill_pairs + self.draft_pairs
+
+    def with_drafts(self, num_draft_tokens: int, decode_context: int) -> StepShape:
+        """This step with `num_draft_tokens` more draft rows, on decodes over
+        `decode_context` cached tokens each (a mean: the rule that sizes speculation
+        prices a count, not which decodes get it). Each row is priced as a first draft
+        (s + 2 keys): a later draft sees at most k - 1 more, small beside the context."""
+        d = num_draft_tokens
+        return replace(self, decode_kv=self.decode_kv + d, num_sampled=self.num_sampled + d,
+                       num_draft_tokens=self.num_draft_tokens + d,
+                       draft_pairs=self.draft_pairs + d * (decode_context + 2))
 
     @classmethod
     def of_plan(cls, plan: PlannedStep) -> StepShape:
-        pairs = pkv = decodes = dkv = sampled = 0
+        pairs = pkv = decodes = dkv = sampled = drafts = dpairs = 0
         for e in plan.entries:
             q, s = e.num_tokens, e.start_pos
             if e.is_prefill:
                 pairs += q * s + q * (q + 1) // 2
                 pkv += s + q
-            else:  # a decode (or a speculative run of q tokens) over s cached tokens
-                decodes += q
+                sampled += e.emits_token
+            else:  # a decode over s cached tokens, verifying num_draft drafts after its own token
+                d = e.num_draft
+                decodes += q - d
                 dkv += s + q
-            sampled += e.emits_token
-        return cls(plan.num_prefill_tokens, pairs, pkv, decodes, dkv, sampled)
+                drafts += d
+                dpairs += draft_pairs(s, d)
+                sampled += q
+        return cls(plan.num_prefill_tokens, pairs, pkv, decodes, dkv, sampled, drafts, dpairs)
+
+    @classmethod
+    def decodes(cls, contexts: Sequence[int], drafts: Sequence[int]) -> StepShape:
+        """A step of decodes only: decode i over contexts[i] cached tokens verifying
+        drafts[i] draft tokens."""
+        if len(contexts) != len(drafts):
+            raise ValueError(f"contexts and drafts must have one entry per decode, "
+                             f"got {len(contexts)} and {len(drafts)}")
+        kv = pairs = 0
+        for s, d in zip(contexts, drafts):
+            kv += s + 1 + d
+            pairs += draft_pairs(s, d)
+        n, d_all = len(contexts), sum(drafts)
+        return cls(0, 0, 0, n, kv, n + d_all, d_all, pairs)
 
     @classmethod
     def hybrid(cls, num_prefill_tokens: int, prefill_context: int, num_decodes: int,
@@ -75,6 +123,12 @@ class StepShape:
         if q <= 0:
             return cls(0, 0, 0, num_decodes, decode_kv, num_decodes)
         return cls(q, q * s + q * (q + 1) // 2, s + q, num_decodes, decode_kv, num_decodes + 1)
+
+
+def draft_pairs(context: int, drafts: int) -> int:
+    """(query, key) pairs of the `drafts` draft rows of a decode over `context` cached
+    tokens: draft j sees the context, the decode's own token and drafts 1..j."""
+    return drafts * (context + 1) + drafts * (drafts + 1) // 2
 
 
 # Step sizes adaptive_prefill_tokens prices when it looks for the most tokens per second.
