@@ -2,7 +2,6 @@
 shares. A policy only decides which requests run how many tokens in one step."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
@@ -467,16 +466,17 @@ class Scheduler(ABC):
         decode's own token, and blocks beyond the watermark only (never a preemption)."""
         entries = b.plan.entries[first:]
         reqs = b.reqs[first:]
-        spec = [(req, e) for req, e in zip(reqs, entries) if req.proposals]
-        if spec:
+        if any(req.proposals for req in reqs):
+            # Every decode is a candidate, with or without proposals: each one waits on the
+            # step, which is what a draft's time costs in the rule.
             candidates = [SpecCandidate(max(0, min(req.proposals, req.max_new_tokens - req.num_generated - 1)),
-                                        req.acceptance.rate()) for req, _ in spec]
-            lengths = speculation_lengths(candidates, b.budget_left, step_time=self._draft_step_time(b),
+                                        req.acceptance.rate()) for req in reqs]
+            lengths = speculation_lengths(candidates, b.budget_left, step_time=self._draft_step_time(b, entries),
                                           time_target=self.config.tbt_slo,
                                           prefill_waiting=self._prefill_waiting(b.budget_left))
             bs = self.config.block_size
             spare = self._blocks.num_free - self.config.watermark_blocks
-            for (req, entry), d in zip(spec, lengths):
+            for req, entry, d in zip(reqs, entries, lengths):
                 d = min(d, (len(req.blocks) + max(spare, 0)) * bs - req.num_computed - 1)
                 if d <= 0:
                     continue
@@ -490,17 +490,18 @@ class Scheduler(ABC):
         for req in reqs:
             req.proposals = 0
 
-    def _draft_step_time(self, b: StepBuilder) -> Callable[[int], float] | None:
-        """The step's predicted seconds with `extra` proposal rows beside its decodes; None
-        without a model, or one that cannot predict yet (an engine's before its first step)."""
+    def _draft_step_time(self, b: StepBuilder, decodes: Sequence[PlanEntry]) -> Callable[[int], float] | None:
+        """The step's predicted seconds with `extra` draft rows on `decodes` (priced as
+        causal-chunk rows over their mean context, each sampled); None without a model,
+        or one that cannot predict yet (an engine's before its first step)."""
         model = self.step_time_model
-        if model is None:
+        if model is None or not decodes:
             return None
         shape = StepShape.of_plan(b.plan)
         if not math.isfinite(model.predict_shape(shape)):
             return None
-        return lambda extra: model.predict_shape(dataclasses.replace(
-            shape, num_decodes=shape.num_decodes + extra, decode_kv=shape.decode_kv + extra))
+        context = sum(e.start_pos for e in decodes) // len(decodes)
+        return lambda extra: model.predict_shape(shape.with_drafts(extra, context))
 
     def _prefill_waiting(self, budget_left: int) -> int:
         """Prompt tokens waiting or mid-prefill, counted up to where the speculation rule
