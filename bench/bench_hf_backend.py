@@ -6,7 +6,7 @@ and against transformers' own continuous batching, on the CPU, in float32.
 Part A: SmolLM2-135M-Instruct (its Q4_1 GGUF, dequantized by transformers and saved once
 as a Hugging Face directory under the model cache, keyed by the file) through
 `LLM(dir, model_impl="native")` and `LLM(dir, model_impl="transformers")`: the 16-chat set
-and 64 ShareGPT-length requests (lengths / 16, random token ids), every request greedy to
+and 64 ShareGPT-length requests (lengths / 32, random token ids), every request greedy to
 a fixed length. The two engines alternate (A, B, A, B, ...) so the machine's drift lands
 on both; prints output tokens/s medians, the median of the pairs' ratios against the
 target (>= 0.8x native), and whether the greedy outputs are identical.
@@ -14,7 +14,7 @@ target (>= 0.8x native), and whether the greedy outputs are identical.
 Part B: a Qwen3-shaped random model (hidden 512, 6 layers, vocab 32000, q/k norms: an
 architecture with no native family here), saved once, run by our transformers-backed
 path and by transformers' `generate_batch` (its continuous batching, paged cache, sdpa)
-on the same requests (48 ShareGPT-length requests / 16), alternating; ratio against the
+on the same requests (48 ShareGPT-length requests / 32), alternating; ratio against the
 target (>= 2x transformers' continuous batching).
 
 Both wall tokens/s and CPU tokens/s (process CPU time: steadier while other jobs share
@@ -70,9 +70,12 @@ class Run:
         return sum(map(len, self.outputs))
 
 
-def timed(fn: Callable[[], list[list[int]]]) -> Run:
+Side = Callable[[list[list[int]]], list[list[int]]]  # prompts -> each one's greedy output
+
+
+def timed(side: Side, prompts: list[list[int]]) -> Run:
     cpu, wall = time.process_time(), time.perf_counter()
-    outputs = fn()
+    outputs = side(prompts)
     return Run(time.perf_counter() - wall, time.process_time() - cpu, outputs)
 
 
@@ -137,40 +140,41 @@ def engine(path: Path, impl: str, tokenizer: Path | None, requests: int) -> LLM:
                enable_prefix_caching=False)
 
 
-def ours(llm: LLM, prompts: list[list[int]], max_tokens: int) -> Callable[[], list[list[int]]]:
+def ours(llm: LLM, max_tokens: int) -> Side:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    return lambda: [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    return lambda prompts: [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def continuous_batching(path: Path, prompts: list[list[int]], max_tokens: int) -> Callable[[], list[list[int]]]:
+def continuous_batching(path: Path, max_tokens: int) -> Side:
     """transformers' generate_batch on the same weights, greedy, a paged cache sized for
     every request at once (the same concurrency our engine gets)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
-    page = 16
-    blocks = sum(-(-(len(p) + max_tokens) // page) for p in prompts) + len(prompts)
-    config = ContinuousBatchingConfig(page_size=page, num_blocks=blocks, max_batch_tokens=512,
-                                      max_requests_per_batch=len(prompts))
     gen = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
 
-    def run() -> list[list[int]]:
+    def run(prompts: list[list[int]]) -> list[list[int]]:
+        page = 16
+        blocks = sum(-(-(len(p) + max_tokens) // page) for p in prompts) + len(prompts)
+        config = ContinuousBatchingConfig(page_size=page, num_blocks=blocks, max_batch_tokens=512,
+                                          max_requests_per_batch=len(prompts))
         with torch.inference_mode():
             out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=config)
         return [list(r.generated_tokens) for r in out.values()]
     return run
 
 
-def pairs(sides: dict[str, Callable[[], list[list[int]]]], repeats: int) -> dict[str, list[Run]]:
-    """Each side once to warm up, then `repeats` rounds alternating which side goes first."""
+def pairs(sides: dict[str, Side], prompts: list[list[int]], repeats: int) -> dict[str, list[Run]]:
+    """Each side warms up on two of the prompts, then `repeats` rounds of all of them,
+    alternating which side goes first."""
     names = list(sides)
     for name in names:
-        sides[name]()
+        sides[name](prompts[:2])
     runs: dict[str, list[Run]] = {name: [] for name in names}
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
-            runs[name].append(timed(sides[name]))
+            runs[name].append(timed(sides[name], prompts))
     return runs
 
 
@@ -218,9 +222,9 @@ def part_a(gguf: Path, root: Path, args: argparse.Namespace) -> None:
     mixed = workload_prompts(args.requests, llms["native"].engine.model_config.vocab_size, context - args.max_tokens, args.length_scale, seed=0)
     for label, prompts in ((f"{len(chats)} chats", chats), (f"{len(mixed)} ShareGPT / {1 / args.length_scale:.0f}",
                                                             mixed)):
-        sides = {"transformers-backed": ours(llms["transformers"], prompts, args.max_tokens),
-                 "native": ours(llms["native"], prompts, args.max_tokens)}
-        runs = pairs(sides, args.repeats)
+        sides = {"transformers-backed": ours(llms["transformers"], args.max_tokens),
+                 "native": ours(llms["native"], args.max_tokens)}
+        runs = pairs(sides, prompts, args.repeats)
         report(f"A. {gguf.name} float32, transformers-backed vs native, {label} x {args.max_tokens} tokens",
                runs, NATIVE_TARGET)
         same_outputs(label, runs)
@@ -235,9 +239,9 @@ def part_b(root: Path, args: argparse.Namespace) -> None:
     prompts = workload_prompts(args.cb_requests, shape["vocab_size"], context - args.max_tokens, args.length_scale,
                                seed=1)
     llm = engine(path, "transformers", None, len(prompts))
-    sides = {"transformers-backed": ours(llm, prompts, args.max_tokens),
-             "transformers generate_batch": continuous_batching(path, prompts, args.max_tokens)}
-    runs = pairs(sides, args.repeats)
+    sides = {"transformers-backed": ours(llm, args.max_tokens),
+             "transformers generate_batch": continuous_batching(path, args.max_tokens)}
+    runs = pairs(sides, prompts, args.repeats)
     report(f"B. random Qwen3 {shape['hidden_size']}x{shape['num_hidden_layers']} vocab {shape['vocab_size']} "
            f"float32, {len(prompts)} ShareGPT / {1 / args.length_scale:.0f} x {args.max_tokens} tokens", runs, CB_TARGET)
     same_outputs(f"{len(prompts)} requests", runs)
@@ -251,7 +255,7 @@ def main() -> None:
     ap.add_argument("--chats", type=int, default=16, help="chats of the 16-chat set in part A")
     ap.add_argument("--requests", type=int, default=64, help="ShareGPT-length requests in part A")
     ap.add_argument("--cb-requests", type=int, default=48, help="ShareGPT-length requests in part B")
-    ap.add_argument("--length-scale", type=float, default=1 / 16, help="ShareGPT lengths times this")
+    ap.add_argument("--length-scale", type=float, default=1 / 32, help="ShareGPT lengths times this")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch/OpenMP threads")
     ap.add_argument("--parts", default="AB", help="which parts to run (A, B or AB)")
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
