@@ -19,7 +19,7 @@ target (>= 2x transformers' continuous batching).
 
 Both wall tokens/s and CPU tokens/s (process CPU time: steadier while other jobs share
 the machine) are printed, with the host's kernel ISA, torch threads, load and commit.
-`--smoke` runs the same code on a tiny LLaMA GGUF (tests/gguf_models.py, no download)
+`--smoke` runs the same code on bench_gguf_load.py's tiny LLaMA GGUF (no download)
 and a tiny Qwen3, one pair each, in seconds.
 """
 from __future__ import annotations
@@ -47,6 +47,7 @@ from sarathi_rt.models import resolve_model_path  # noqa: E402
 from sarathi_rt.models.hub import cache_dir  # noqa: E402
 from sarathi_rt.utils.cpu import kernel_isa  # noqa: E402
 from sarathi_rt.workloads import WorkloadConfig, make_workload  # noqa: E402
+from bench_gguf_load import smoke_model  # noqa: E402  (its tiny LLaMA GGUF with a chat template)
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 MODEL = "smollm2-135m-instruct"
@@ -99,22 +100,6 @@ def converted(gguf: Path, root: Path) -> Path:
     plain.save_pretrained(tmp)
     tmp.rename(out)
     return out
-
-
-def smoke_gguf(root: Path) -> Path:
-    """A tiny LLaMA GGUF with a chat template, written as llama.cpp lays one out."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    sys.path.insert(0, str(TESTS))
-    from gguf_models import Q, write_model_gguf
-
-    config = LlamaConfig(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=270, max_position_embeddings=256, rms_norm_eps=1e-5,
-                         rope_theta=50000.0, tie_word_embeddings=False, initializer_range=0.2)
-    torch.manual_seed(0)
-    state = {k: v.numpy() for k, v in LlamaForCausalLM(config).float().state_dict().items() if "rotary" not in k}
-    write_model_gguf(root / "tiny.gguf", config, state, Q.Q4_1)
-    return root / "tiny.gguf"
 
 
 def random_qwen3(root: Path, shape: dict[str, int]) -> Path:
@@ -268,7 +253,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if "A" in args.parts:
             if args.smoke:
-                part_a(smoke_gguf(Path(tmp)), Path(tmp), args)
+                part_a(Path(smoke_model(Path(tmp))), Path(tmp), args)
             else:
                 part_a(resolve_model_path(MODEL), cache_dir() / "hf-from-gguf", args)
         if "B" in args.parts:
