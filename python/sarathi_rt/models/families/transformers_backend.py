@@ -4,8 +4,10 @@ attention excepted. Each step is one varlen batch (batch dimension 1, the engine
 positions as `position_ids`); every attention layer calls the function registered below
 as "sarathi_rt", which writes the layer's K/V into the paged cache and runs the step's
 planned hybrid attention, so prefill chunks and decodes share one launch as in the
-native path. Everything above the model (scheduling, prefix caching, sampling) is the
-engine's own. What it cannot run is refused when the config is read, before any weight.
+native path; its linear layers run the engine's GEMM, sibling projections stacked into
+one (`models/hf_linear.py`), as the native layers do. Everything above the model
+(scheduling, prefix caching, sampling) is the engine's own. What it cannot run is
+refused when the config is read, before any weight.
 
 The same idea as vLLM's Transformers backend; its attention function and checks are
 written for this engine's step context."""
