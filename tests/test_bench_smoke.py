@@ -42,6 +42,9 @@ EXPECT = {
     "bench_gemm_gpu.py": r"skipped, no CUDA device|M >= 256: median ratio",
     "bench_gguf_load.py": r"cached load vs transformers: \d+\.\d+x faster\n(.|\n)*greedy, 2 chat prompts, max 4 "
                           r"tokens: 2/2 identical to transformers",
+    "bench_hf_backend.py": r"ratio transformers-backed / native: \d+\.\d+x wall(.|\n)*identical \(2 chats\): 2/2"
+                           r"(.|\n)*ratio transformers-backed / transformers generate_batch: \d+\.\d+x wall(.|\n)*"
+                           r"identical \(4 requests\): 4/4",
     "bench_import.py": r"sarathi_rt\.LLM +\d",
     "bench_llamacpp.py": r"ratio sarathi_rt / stand-in .*x \(target >= 1\.3x\)",
     "bench_linear_staircase.py": r"token budget for a .* TBT target",

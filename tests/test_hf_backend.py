@@ -15,6 +15,7 @@ import torch
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.models import ParallelLayout, load_model, resolve_model
 from sarathi_rt.models.families.transformers_backend import TransformersCausalLM
+from sarathi_rt.models.hf_linear import StackedLinear
 from sarathi_rt.models.registry import has_native_family
 from sarathi_rt.scheduler.registry import available_policies, get_policy
 
@@ -113,16 +114,16 @@ def test_windows_and_soft_caps_reach_the_op(tmp_path: Path, monkeypatch: pytest.
     """Gemma 2's local layer runs with its window and its plan, its global one with
     neither, both with the soft cap (random tiny weights keep scores far below the cap,
     so greedy equality alone would not see it missing)."""
-    from sarathi_rt import ops
+    from sarathi_rt.models.families import transformers_backend
 
-    seen: list[tuple[int, float | None, int]] = []
-    real = ops.hybrid_attention
+    seen: list[tuple[int, float, int]] = []
+    real = transformers_backend.run_attention
 
-    def spy(*args: object, **kwargs: object) -> torch.Tensor:
-        seen.append((kwargs["window"], kwargs["softcap"], kwargs["plan"].window))  # type: ignore[union-attr]
-        return real(*args, **kwargs)
+    def spy(plan: object, *args: object, **kwargs: object) -> None:
+        seen.append((kwargs["window"], kwargs["softcap"], plan.window))  # type: ignore[attr-defined]
+        real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(ops, "hybrid_attention", spy)
+    monkeypatch.setattr(transformers_backend, "run_attention", spy)
     _save(tmp_path, "gemma2", *ARCHITECTURES["gemma2"])
     with LLM(str(tmp_path / "gemma2"), model_impl="transformers", token_budget=16, chunk_size=8,
              dtype="float32") as llm:
@@ -179,6 +180,27 @@ def test_timed_regions_are_the_linears_and_the_attention_modules(llama: tuple[Pa
     regions = [category for category, _ in model.timed_regions()]
     # Per layer q, k, v, o, gate, up, down; then lm_head.
     assert regions.count("attention") == 2 and regions.count("linear") == 2 * 7 + 1
+
+
+def test_sibling_projections_share_one_product_and_one_weight(llama: tuple[Path, object]) -> None:
+    """q/k/v and gate/up run as one stacked GEMM whose weight is their only storage; a
+    member called with another input than its siblings' still returns its own product,
+    and every linear layer gives the same rows whatever else shares the call (the
+    batch invariance of ops.linear on the CPU)."""
+    path, reference = llama
+    hf = load_model(resolve_model(path, model_impl="transformers")).hf
+    attn, mlp = hf.model.layers[0].self_attn, hf.model.layers[0].mlp
+    for members in ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)):
+        assert all(isinstance(m, StackedLinear) for m in members)
+        assert len({m.weight.untyped_storage().data_ptr() for m in members}) == 1
+    ref = reference.model.layers[0].self_attn
+    x, y = torch.randn(1, 5, 64), torch.randn(1, 3, 64)
+    with torch.inference_mode():
+        q, k = attn.q_proj(x), attn.k_proj(y)  # k's input is not q's: k computes its own
+        assert torch.allclose(q, ref.q_proj(x), atol=1e-5) and torch.allclose(k, ref.k_proj(y), atol=1e-5)
+        v_alone = attn.v_proj(x[:, :1])
+        assert torch.equal(attn.v_proj(x)[:, :1], v_alone)
+        assert torch.equal(hf.lm_head(x)[:, :1], hf.lm_head(x[:, :1]))
 
 
 def test_code_shipped_with_the_checkpoint_runs_only_when_trusted(tmp_path: Path) -> None:

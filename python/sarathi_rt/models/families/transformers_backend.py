@@ -4,8 +4,10 @@ attention excepted. Each step is one varlen batch (batch dimension 1, the engine
 positions as `position_ids`); every attention layer calls the function registered below
 as "sarathi_rt", which writes the layer's K/V into the paged cache and runs the step's
 planned hybrid attention, so prefill chunks and decodes share one launch as in the
-native path. Everything above the model (scheduling, prefix caching, sampling) is the
-engine's own. What it cannot run is refused when the config is read, before any weight.
+native path; its linear layers run the engine's GEMM, sibling projections stacked into
+one (`models/hf_linear.py`), as the native layers do. Everything above the model
+(scheduling, prefix caching, sampling) is the engine's own. What it cannot run is
+refused when the config is read, before any weight.
 
 The same idea as vLLM's Transformers backend; its attention function and checks are
 written for this engine's step context."""
@@ -20,10 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from sarathi_rt import ops
+from sarathi_rt.ops._registry import KERNELS
+from sarathi_rt.ops.attention import run_attention
 
 from ..config import ModelConfig
 from ..context import StepContext
+from ..hf_linear import adopt_linears
 from ..parallel import ParallelLayout
 from ..registry import Family, register_family
 
@@ -69,15 +73,22 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     if unsupported or kwargs.get("is_causal") is False:
         raise ValueError(f"{type(module).__name__} asks for {unsupported or 'bidirectional attention'}, which "
                          "ops.hybrid_attention does not implement")
+    if not query.dtype == key.dtype == value.dtype == layer.k_cache.dtype:
+        raise TypeError(f"{type(module).__name__} passes q/k/v as {query.dtype}/{key.dtype}/{value.dtype} but the "
+                        f"KV cache holds {layer.k_cache.dtype}")
     ctx = layer.step.ctx
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None) or 0
-    q = query[0].transpose(0, 1).contiguous()
-    ops.write_kv(key[0].transpose(0, 1), value[0].transpose(0, 1), layer.k_cache, layer.v_cache,
-                 ctx.slot_mapping, sync_check=False)
     scale = scaling if scaling is not None else getattr(module, "scaling", None)
-    out = ops.hybrid_attention(q, layer.k_cache, layer.v_cache, ctx.cu_seqlens_q, ctx.seqlens_k, ctx.block_tables,
-                               scale=scale, window=window, softcap=kwargs.get("softcap"),
-                               plan=ctx.plan_for(window))
+    # The op's unchecked entry points, as the native layers use them: the step's tensors
+    # were checked when its plan was built, and bind_kv_cache checked that the cache's
+    # heads, head_dim, dtype and device are this model's.
+    KERNELS.write_kv(key[0].transpose(0, 1), value[0].transpose(0, 1), layer.k_cache, layer.v_cache,
+                     ctx.slot_mapping, sync_check=False)
+    q = query[0].transpose(0, 1)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    run_attention(ctx.plan_for(window), q.contiguous(), layer.k_cache, layer.v_cache, ctx.cu_seqlens_q,
+                  ctx.seqlens_k, ctx.block_tables, query.shape[-1] ** -0.5 if scale is None else float(scale), out,
+                  window=window, softcap=float(kwargs.get("softcap") or 0.0))
     return out.unsqueeze(0), None
 
 
@@ -291,6 +302,7 @@ def load_weights(model: TransformersCausalLM, path: Path) -> None:
     cls = _model_class(transformers, hf_config, path)
     net = cls.from_pretrained(path, config=hf_config, dtype=model.dtype, device_map=model.device,
                               attn_implementation=ATTENTION)
+    adopt_linears(net)
     model.hf = net.eval()
 
 
