@@ -333,3 +333,11 @@ def test_weights_are_loaded_without_a_second_copy(tmp_path: Path) -> None:
     # Nothing held during the load is let go after it: no transient float32 or second copy.
     assert peak - final < 0.1 * weights + 16, (weights, peak, final)
     assert final < 1.5 * weights, (weights, peak, final)
+
+
+def test_a_head_dim_the_kernel_cannot_run_is_named_before_any_weight(tmp_path: Path) -> None:
+    """Through the backend as natively: only config.json exists, so the error comes before
+    transformers builds (or the loader looks for) a weight."""
+    config = {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", **SHAPE, "head_dim": 320}
+    with pytest.raises(ValueError, match=r"Unsupported head_dim: 320 \(the CPU kernel takes up to 256\)"):
+        LLM(str(_write_config(tmp_path / "m", config)), dtype="float32")

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from sarathi_rt.ops._registry import KERNELS
-from sarathi_rt.ops.attention import run_attention
+from sarathi_rt.ops.attention import check_head_dim, run_attention
 
 from ..config import ModelConfig
 from ..context import StepContext
@@ -231,6 +231,7 @@ class TransformersCausalLM(nn.Module):
                              "pipeline parallelism")
         if config.hf_config is None:
             raise ValueError("the transformers backend needs the model's transformers config (read_config)")
+        check_head_dim(config.head_dim, device)  # before transformers builds any weight
         self.config = config
         self.dtype = dtype
         self.shard = layout.bind(config)
