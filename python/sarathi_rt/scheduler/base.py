@@ -63,6 +63,9 @@ class Scheduler(ABC):
         self.step_time_model = step_time_model
         self._blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self._live: dict[Hashable, Request] = {}
+        # Whether set_proposals was ever called: a scheduler nobody proposes to skips
+        # the speculation pass over its decodes every step.
+        self._speculating = False
         self._done: dict[Hashable, Request] = {}  # kept for request_info until release
         self._waiting: deque[Request] = deque()  # sorted by arrival (FCFS)
         self._running: dict[Hashable, Request] = {}  # admission order == arrival order
@@ -458,12 +461,15 @@ class Scheduler(ABC):
         if req is None:
             raise ValueError(f"request_id {request_id!r} is not scheduled")
         req.proposals = non_negative_int("n", n)
+        self._speculating = True
 
     def _add_drafts(self, b: StepBuilder, first: int) -> None:
         """Grow the decode entries from b.plan.entries[first] on by the proposals they
         verify. A verifying decode generates up to 1 + num_draft tokens, so it never
         verifies more than max_new_tokens leaves; proposals take budget after every
         decode's own token, and blocks beyond the watermark only (never a preemption)."""
+        if not self._speculating:
+            return
         entries = b.plan.entries[first:]
         reqs = b.reqs[first:]
         if any(req.proposals for req in reqs):
