@@ -22,10 +22,12 @@
 #define SRT_ISA_LEVELS 1
 #define SRT_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
 #define SRT_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
+#define SRT_TARGET_V4_BF16 __attribute__((target("arch=x86-64-v4,avx512bf16")))
 #else
 #define SRT_ISA_LEVELS 0
 #define SRT_TARGET_V3
 #define SRT_TARGET_V4
+#define SRT_TARGET_V4_BF16
 #endif
 
 // Helpers are always inlined so that each clone compiles them for its own ISA; for the
@@ -37,8 +39,10 @@
 namespace sarathi_rt::cpu {
 
 // The ISA level the kernels run: the CPU's own (the levels compiled for), unless
-// set_isa_cap() lowered it.
-enum class IsaLevel { kBase, kV3, kV4 };
+// set_isa_cap() lowered it. kV4Bf16 is x86-64-v4 with AVX512-BF16: only the bf16
+// attention kernel has code of its own there (vdpbf16ps scores); every other kernel runs
+// its kV4 code at that level.
+enum class IsaLevel { kBase, kV3, kV4, kV4Bf16 };
 IsaLevel native_isa_level();
 IsaLevel isa_level();
 // Caps isa_level() at `cap` (a level above the CPU's runs the CPU's); set by Python when
@@ -49,10 +53,12 @@ void set_isa_cap(IsaLevel cap);
 // vector wider than the target's registers in memory (see VecTypes below).
 constexpr int kWidthV4 = 16, kWidthV3 = 8, kWidthBase = 4;
 
-// The function of the running level among three compilations of one body.
+// The function of the running level among three compilations of one body (kV4Bf16 runs
+// the v4 one).
 template <typename Fn>
 Fn pick_isa(Fn v4, Fn v3, Fn base) {
   switch (isa_level()) {
+    case IsaLevel::kV4Bf16:
     case IsaLevel::kV4: return v4;
     case IsaLevel::kV3: return v3;
     case IsaLevel::kBase: break;
