@@ -12,6 +12,10 @@
 
 #include "cpu_dtype.h"
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#include <immintrin.h>  // declares the AVX512-BF16 builtin and type dot_bf16 uses
+#endif
+
 // A hot function is compiled once per ISA level (SRT_TARGET_V3/V4 on a wrapper around an
 // always-inlined body) and picked at run time by isa_level(), so the wheel runs on any
 // x86-64 yet uses AVX2/FMA/F16C or AVX-512 where present, and a test (or
@@ -297,6 +301,37 @@ SRT_SIMD_INLINE float reduce_max(const vec<W>& v) {
     return reduce_max<W / 2>(lo > hi ? lo : hi);
   }
 }
+
+// 32 bf16 values as raw bits: the operand of dot_bf16, whose lane i holds elements 2i
+// and 2i + 1.
+typedef int16_t vbf16 __attribute__((vector_size(64)));
+// 32 bf16 values (bf16 or their uint16_t bits) from p.
+template <typename T>
+SRT_SIMD_INLINE vbf16 load_bf16_pairs(const T* p) {
+  static_assert(sizeof(T) == 2, "bf16 bits");
+  vbf16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+// The first n (< 32) values, zeros after them; never reads past p + n.
+template <typename T>
+SRT_SIMD_INLINE vbf16 load_bf16_pairs_partial(const T* p, int64_t n) {
+  T tail[32] = {};
+  std::memcpy(tail, p, n * sizeof(T));
+  return load_bf16_pairs(tail);
+}
+#if SRT_ISA_LEVELS
+// acc + a . b by pairs (vdpbf16ps): lane i adds a[2i] b[2i] + a[2i+1] b[2i+1], each
+// product exact in float32, each add rounded to nearest even, denormal inputs and results
+// flushed to zero. Only for SRT_TARGET_V4_BF16 functions. GCC's builtin, not
+// _mm512_dpbf16_ps: that intrinsic is a function with a target of its own, which GCC
+// refuses to inline into these always-inlined helpers (default target) even when they are
+// themselves inlined into a SRT_TARGET_V4_BF16 function; the builtin's ISA is checked
+// where it lands.
+SRT_SIMD_INLINE vec<16> dot_bf16(const vec<16>& acc, const vbf16& a, const vbf16& b) {
+  return __builtin_ia32_dpbf16ps_v16sf(acc, (__m512bh)a, (__m512bh)b);
+}
+#endif
 
 // For std::vector: cache-line-aligned storage, so that no vector load or store of a
 // buffer indexed in multiples of kLanes splits across two lines.
