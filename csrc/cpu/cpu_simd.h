@@ -313,14 +313,17 @@ SRT_SIMD_INLINE vbf16 load_bf16_pairs(const T* p) {
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-// The first n (< 32) values, zeros after them; never reads past p + n.
+#if SRT_ISA_LEVELS
+// The first n (< 32) values, zeros after them: one masked load (vmovdqu16), which never
+// touches memory past p + n. (A copy through a zeroed stack buffer, as load_partial makes,
+// stalls on store forwarding: at head_dim 16, every key is such a tail.) Only for
+// SRT_TARGET_V4_BF16 functions: a builtin, for the reason dot_bf16 gives.
 template <typename T>
 SRT_SIMD_INLINE vbf16 load_bf16_pairs_partial(const T* p, int64_t n) {
-  T tail[32] = {};
-  std::memcpy(tail, p, n * sizeof(T));
-  return load_bf16_pairs(tail);
+  static_assert(sizeof(T) == 2, "bf16 bits");
+  const auto mask = static_cast<__mmask32>((uint64_t{1} << n) - 1);
+  return __builtin_ia32_loaddquhi512_mask(reinterpret_cast<const short*>(p), vbf16{}, mask);
 }
-#if SRT_ISA_LEVELS
 // acc + a . b by pairs (vdpbf16ps): lane i adds a[2i] b[2i] + a[2i+1] b[2i+1], each
 // product exact in float32, each add rounded to nearest even, denormal inputs and results
 // flushed to zero. Only for SRT_TARGET_V4_BF16 functions. GCC's builtin, not
