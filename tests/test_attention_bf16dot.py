@@ -20,7 +20,7 @@ from sarathi_rt import _C, ops
 from sarathi_rt.utils.cpu import ISA_ENV, isa_level
 
 from attention_batches import (PagedBatch, assert_strictly_close, make_batch, poison_keys_before_windows,
-                               poison_unowned_slots, random_window_case)
+                               poison_unowned_slots, random_window_case, run_in_steps)
 
 DOT = "avx512_bf16"
 needs_dot = pytest.mark.skipif(_C.cpu_isa_native() != DOT, reason="needs a CPU with AVX512-BF16")
@@ -82,20 +82,12 @@ def test_a_query_gets_the_same_bits_as_a_decode_and_as_a_prefill_row(group: int,
     """One token a step (group rows per KV head: the decode path) and 7 or 64 a step or the
     whole prompt (more than 8 rows: the prefill path) give every query the same bits.
     head_dim 80 and 40 leave a tail of a 32-element bf16 pair vector."""
-    n = 150
-    full = make_batch([(n, n)], group=group, head_dim=head_dim, dtype=torch.bfloat16)
+    full = make_batch([(150, 150)], group=group, head_dim=head_dim, dtype=torch.bfloat16)
     kwargs = dict(window=window, softcap=softcap)
     with level(DOT):
         whole = full.run(**kwargs)
-        for chunk in (1, 7, 64):
-            parts = []
-            for start in range(0, n, chunk):
-                end = min(start + chunk, n)
-                step = PagedBatch(**{**full.__dict__, "q": full.q[start:end],
-                                     "cu_seqlens_q": torch.tensor([0, end - start], dtype=torch.int32),
-                                     "seqlens_k": torch.tensor([end], dtype=torch.int32)})
-                parts.append(step.run(**kwargs))
-            assert torch.equal(torch.cat(parts), whole), f"steps of {chunk}"
+        for step in (1, 7, 64):
+            assert torch.equal(run_in_steps(full, step, **kwargs), whole), f"steps of {step}"
 
 
 @needs_dot
