@@ -1,17 +1,21 @@
 """The CPU kernels a decoder layer runs besides its GEMMs, per call at a real model's
-shapes, at every ISA level this CPU runs (base, avx2, avx512).
+shapes, at every ISA level this CPU runs (base, avx2, avx512, avx512_bf16).
 
 The kernels: the fused residual add + rms_norm, rotary (q and k views of one qkv
-buffer), write_kv (from that buffer), silu_and_mul, and one planned decode attention call,
-at SmolLM2-135M's shapes (hidden 576, 9 query heads, 3 KV heads, head_dim 64,
-intermediate 1536) for a decode step (64 tokens; attention over 300 keys each) and a
-prefill chunk (512 tokens). The levels take turns (every kernel at base, then at avx2,
-..., `rounds` times), so the ratio of each level to the base level is measured in the
-same minutes; each figure is the median over the rounds of the mean us per call over
-`iters` back-to-back calls (the ops are called through torch.ops, without the Python
-checks, as the model's layers call them).
+buffer), write_kv (from that buffer), silu_and_mul, and one planned attention call, at
+SmolLM2-135M's shapes (hidden 576, 9 query heads, 3 KV heads, head_dim 64, intermediate
+1536) for a decode step (64 tokens; attention: 64 decodes over 300 keys each) and a
+prefill chunk (512 tokens; attention: one chunk after a 512-token prefix). Only bf16
+attention has avx512_bf16 code of its own (vdpbf16ps scores); the table's last column
+is then each kernel's avx512 time over its avx512_bf16 time, measured in the same turns.
+The levels take turns (every kernel at base, then at avx2, ..., `rounds` times), so the
+ratio of each level to the base level is measured in the same minutes; each figure is
+the median over the rounds of the mean us per call over `iters` back-to-back calls
+(the ops are called through torch.ops, without the Python checks, as the model's layers
+call them).
 
     python bench/bench_cpu_kernels.py [--dtype bfloat16] [--iters 200] [--rounds 5]
+    python bench/bench_cpu_kernels.py --kernels attention --levels avx512 avx512_bf16
     python bench/bench_cpu_kernels.py --baseline OLD/python [--pairs 5]
 
 With --baseline (another checkout's python/ directory, built in place) only the CPU's
@@ -44,13 +48,14 @@ from sarathi_rt import _C, ops  # noqa: E402
 from ab_pairs import run_pairs, this_package  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-LEVELS = ["base", "avx2", "avx512"]
+LEVELS = ["base", "avx2", "avx512", "avx512_bf16"]
 HIDDEN, Q_HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 576, 9, 3, 64, 1536
 DECODE_CONTEXT, BLOCK_SIZE = 300, 16
 # Two roundings to the storage dtype, relative: how far two levels' outputs may drift
 # apart (their sums of squares and dot products add in different orders).
 AGREE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-KERNEL_NAMES = ["rms_norm+residual", "rotary", "write_kv", "silu_and_mul", "attention"]  # attention: decodes only
+KERNEL_NAMES = ["rms_norm+residual", "rotary", "write_kv", "silu_and_mul", "attention"]
+CHUNK_PREFIX = 512  # keys before a prefill chunk's first query
 
 
 def kernels(tokens: int, dtype: torch.dtype, seed: int) -> dict[str, tuple[Callable[[], None], torch.Tensor]]:
@@ -84,12 +89,17 @@ def kernels(tokens: int, dtype: torch.dtype, seed: int) -> dict[str, tuple[Calla
         block_tables = torch.randperm(blocks, generator=g).to(torch.int32).view(tokens, pages)
         cu_seqlens_q = torch.arange(tokens + 1, dtype=torch.int32)
         seqlens_k = torch.full((tokens,), DECODE_CONTEXT, dtype=torch.int32)
-        plan = ops.plan_attention(cu_seqlens_q, seqlens_k, block_tables, k_cache, Q_HEADS)
-        out = torch.empty(tokens, Q_HEADS, HEAD_DIM, dtype=dtype)
-        query = torch.randn(tokens, Q_HEADS, HEAD_DIM, generator=g).to(dtype)
-        calls["attention"] = (lambda: sr.hybrid_attention_out(query, k_cache, v_cache, cu_seqlens_q, seqlens_k,
-                                                              block_tables, plan.buffer, plan.capacity.as_list(),
-                                                              HEAD_DIM ** -0.5, out, 0, 0.0), out)
+    else:  # a prefill chunk: one request's tokens after its prefix, on pages of its own
+        chunk_pages = -(-(CHUNK_PREFIX + tokens) // BLOCK_SIZE)
+        block_tables = torch.randperm(blocks, generator=g)[:chunk_pages].to(torch.int32).view(1, chunk_pages)
+        cu_seqlens_q = torch.tensor([0, tokens], dtype=torch.int32)
+        seqlens_k = torch.tensor([CHUNK_PREFIX + tokens], dtype=torch.int32)
+    plan = ops.plan_attention(cu_seqlens_q, seqlens_k, block_tables, k_cache, Q_HEADS)
+    out = torch.empty(tokens, Q_HEADS, HEAD_DIM, dtype=dtype)
+    query = torch.randn(tokens, Q_HEADS, HEAD_DIM, generator=g).to(dtype)
+    calls["attention"] = (lambda: sr.hybrid_attention_out(query, k_cache, v_cache, cu_seqlens_q, seqlens_k,
+                                                          block_tables, plan.buffer, plan.capacity.as_list(),
+                                                          HEAD_DIM ** -0.5, out, 0, 0.0), out)
     return calls
 
 
@@ -174,6 +184,8 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, help="another checkout's python/ directory to compare with")
     parser.add_argument("--pairs", type=int, default=5, help="with --baseline: pairs of processes")
     parser.add_argument("--native-only", action="store_true", help="only the CPU's own level")
+    parser.add_argument("--levels", nargs="+", choices=LEVELS, default=None,
+                        help="only these levels (default: every level up to the CPU's own)")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true", help="a seconds-long run of the same code path (quick lane)")
     args = parser.parse_args()
@@ -187,16 +199,23 @@ def main() -> None:
         return
     top = _C.cpu_isa()  # the CPU's own level, or the one SARATHI_RT_CPU_ISA lowers it to
     levels = [top] if args.native_only else LEVELS[:LEVELS.index(top) + 1]
+    if args.levels is not None:
+        if any(LEVELS.index(level) > LEVELS.index(top) for level in args.levels):
+            raise SystemExit(f"--levels: this CPU runs at most {top}, got {' '.join(args.levels)}")
+        levels = [level for level in LEVELS if level in args.levels]
     times = measure(args, levels)
     if args.json:
         print(json.dumps(times))
         return
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{args.dtype}, us per call (median of {args.rounds} rounds of {args.iters} calls), load {load}:")
-    print(f"  {'kernel':<24}" + "".join(f"{level:>10}" for level in levels) + "   vs base")
+    dot = {"avx512", "avx512_bf16"} <= set(levels) and levels[0] != "avx512"  # else the first ratio is it
+    print(f"  {'kernel':<24}" + "".join(f"{level:>12}" for level in levels) + f"   vs {levels[0]}"
+          + ("   avx512/avx512_bf16" if dot else ""))
     for case, per in times.items():
-        ratios = " ".join(f"{per['base'] / per[level]:.2f}x" for level in levels[1:])
-        print(f"  {case:<24}" + "".join(f"{per[level]:10.2f}" for level in levels) + f"   {ratios}")
+        ratios = " ".join(f"{per[levels[0]] / per[level]:.2f}x" for level in levels[1:])
+        vs_avx512 = f"   {per['avx512'] / per['avx512_bf16']:.2f}x" if dot else ""
+        print(f"  {case:<24}" + "".join(f"{per[level]:12.2f}" for level in levels) + f"   {ratios}{vs_avx512}")
     worst = level_disagreement(args, levels)
     print(f"levels agree: worst difference {worst:.2f} of two roundings to {args.dtype} (must be <= 1)")
     if worst > 1:

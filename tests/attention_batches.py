@@ -40,6 +40,22 @@ def make_batch(lengths: list[tuple[int, int]], *, block_size: int = 16, num_kv_h
     return PagedBatch(*batch.args())
 
 
+def run_in_steps(full: PagedBatch, step: int, **kwargs: object) -> torch.Tensor:
+    """The one request of `full` run `step` queries at a time, each step over the keys up
+    to its last query (a chunked prefill; one decode a step at step 1), the outputs
+    concatenated: equal to full.run() bit for bit where a query's output does not depend
+    on the tile or path that computed it."""
+    n = full.q.shape[0]
+    parts = []
+    for start in range(0, n, step):
+        end = min(start + step, n)
+        part = PagedBatch(**{**full.__dict__, "q": full.q[start:end],
+                             "cu_seqlens_q": torch.tensor([0, end - start], dtype=torch.int32),
+                             "seqlens_k": torch.tensor([end], dtype=torch.int32)})
+        parts.append(part.run(**kwargs))
+    return torch.cat(parts)
+
+
 POISON = 1000.0  # finite (a masked lane times it stays 0) but far outside any real key or value
 
 

@@ -14,8 +14,8 @@ from sarathi_rt import ops
 from sarathi_rt.ops._registry import KERNELS
 from sarathi_rt.ops.attention_plan import ITEM_FIELDS, LAYOUT
 
-from attention_batches import (PagedBatch, assert_strictly_close, make_batch, poison_keys_before_windows,
-                               poison_unowned_slots, random_window_case)
+from attention_batches import (assert_strictly_close, make_batch, poison_keys_before_windows, poison_unowned_slots,
+                               random_window_case, run_in_steps)
 
 CHUNK = LAYOUT["keys_per_chunk"]
 
@@ -64,19 +64,11 @@ def test_a_windowed_query_gets_the_same_bits_in_any_chunking(dtype: torch.dtype)
     """Tiles start at their first row's window, on whole key chunks at absolute positions:
     a query's output must not depend on which tile (or how many chunks before its window)
     computed it."""
-    n = 300
-    full = make_batch([(n, n)], group=4, head_dim=64, dtype=dtype)
+    full = make_batch([(300, 300)], group=4, head_dim=64, dtype=dtype)
     kwargs = dict(window=70, softcap=20.0)
     whole = full.run(**kwargs)
     for chunk in (1, 7, 64, 100):
-        parts = []
-        for start in range(0, n, chunk):
-            end = min(start + chunk, n)
-            step = PagedBatch(**{**full.__dict__, "q": full.q[start:end],
-                                 "cu_seqlens_q": torch.tensor([0, end - start], dtype=torch.int32),
-                                 "seqlens_k": torch.tensor([end], dtype=torch.int32)})
-            parts.append(step.run(**kwargs))
-        assert torch.equal(torch.cat(parts), whole), f"chunks of {chunk}"
+        assert torch.equal(run_in_steps(full, chunk, **kwargs), whole), f"chunks of {chunk}"
 
 
 def _keys_read(plan: ops.AttentionPlan, request: int) -> dict[tuple[int, int], int]:

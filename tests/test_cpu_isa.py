@@ -1,7 +1,7 @@
-"""The CPU kernels at every ISA level this CPU runs (base, avx2, avx512), each against the
-float64 reference, and SARATHI_RT_CPU_ISA, the switch that makes a CPU behave as a lower
-level (the dtype rule's flags and the kernels' code): values, errors, and a subprocess
-that runs under it."""
+"""The CPU kernels at every ISA level this CPU runs (base, avx2, avx512, avx512_bf16), each
+against the float64 reference, and SARATHI_RT_CPU_ISA, the switch that makes a CPU behave as
+a lower level (the dtype rule's flags and the kernels' code): values, errors, and a
+subprocess that runs under it."""
 from __future__ import annotations
 
 import os
@@ -19,7 +19,7 @@ from sarathi_rt.utils.cpu import ISA_ENV, ISA_LEVELS, cpu_flags, isa_level, leve
 from attention_batches import make_batch
 from conftest import ATOL
 
-KERNEL_LEVELS = ["base", "avx2", "avx512"]
+KERNEL_LEVELS = ["base", "avx2", "avx512", "avx512_bf16"]
 RUNNABLE = KERNEL_LEVELS[:KERNEL_LEVELS.index(_C.cpu_isa_native()) + 1]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 AVX512_BF16_HOST = {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd",
@@ -166,7 +166,7 @@ def test_streamed_gemm_matches_float64_at_every_level(level: str, dtype: torch.d
 
 
 def test_levels_are_ordered_and_read_from_the_flags() -> None:
-    assert list(ISA_LEVELS)[:3] == KERNEL_LEVELS
+    assert list(ISA_LEVELS)[:4] == KERNEL_LEVELS
     assert native_isa(set()) == "base" and native_isa(AVX2_HOST) == "avx2"
     assert native_isa(AVX512_BF16_HOST) == "avx512_bf16"
     assert native_isa(AVX512_BF16_HOST | {"amx_bf16", "amx_tile"}) == "amx"
@@ -195,11 +195,11 @@ def test_an_unknown_or_missing_level_names_the_variable_and_the_flags(value: str
 
 
 def test_set_cpu_isa_refuses_what_it_cannot_run() -> None:
-    with pytest.raises(ValueError, match="level must be base, avx2 or avx512, got 'avx512_bf16'"):
-        _C.set_cpu_isa("avx512_bf16")
-    if _C.cpu_isa_native() != "avx512":
+    with pytest.raises(ValueError, match="level must be base, avx2, avx512 or avx512_bf16, got 'amx'"):
+        _C.set_cpu_isa("amx")  # the kernels have no AMX level: the switch maps amx to avx512_bf16
+    if _C.cpu_isa_native() != "avx512_bf16":
         with pytest.raises(ValueError, match="this CPU runs at most"):
-            _C.set_cpu_isa("avx512")
+            _C.set_cpu_isa("avx512_bf16")
 
 
 def _run_under(value: str, code: str) -> subprocess.CompletedProcess[str]:

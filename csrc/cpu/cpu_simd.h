@@ -12,6 +12,10 @@
 
 #include "cpu_dtype.h"
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#include <immintrin.h>  // declares the AVX512-BF16 builtin and type dot_bf16 uses
+#endif
+
 // A hot function is compiled once per ISA level (SRT_TARGET_V3/V4 on a wrapper around an
 // always-inlined body) and picked at run time by isa_level(), so the wheel runs on any
 // x86-64 yet uses AVX2/FMA/F16C or AVX-512 where present, and a test (or
@@ -22,10 +26,12 @@
 #define SRT_ISA_LEVELS 1
 #define SRT_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
 #define SRT_TARGET_V4 __attribute__((target("arch=x86-64-v4")))
+#define SRT_TARGET_V4_BF16 __attribute__((target("arch=x86-64-v4,avx512bf16")))
 #else
 #define SRT_ISA_LEVELS 0
 #define SRT_TARGET_V3
 #define SRT_TARGET_V4
+#define SRT_TARGET_V4_BF16
 #endif
 
 // Helpers are always inlined so that each clone compiles them for its own ISA; for the
@@ -37,8 +43,10 @@
 namespace sarathi_rt::cpu {
 
 // The ISA level the kernels run: the CPU's own (the levels compiled for), unless
-// set_isa_cap() lowered it.
-enum class IsaLevel { kBase, kV3, kV4 };
+// set_isa_cap() lowered it. kV4Bf16 is x86-64-v4 with AVX512-BF16: only the bf16
+// attention kernel has code of its own there (vdpbf16ps scores); every other kernel runs
+// its kV4 code at that level.
+enum class IsaLevel { kBase, kV3, kV4, kV4Bf16 };
 IsaLevel native_isa_level();
 IsaLevel isa_level();
 // Caps isa_level() at `cap` (a level above the CPU's runs the CPU's); set by Python when
@@ -49,10 +57,12 @@ void set_isa_cap(IsaLevel cap);
 // vector wider than the target's registers in memory (see VecTypes below).
 constexpr int kWidthV4 = 16, kWidthV3 = 8, kWidthBase = 4;
 
-// The function of the running level among three compilations of one body.
+// The function of the running level among three compilations of one body (kV4Bf16 runs
+// the v4 one).
 template <typename Fn>
 Fn pick_isa(Fn v4, Fn v3, Fn base) {
   switch (isa_level()) {
+    case IsaLevel::kV4Bf16:
     case IsaLevel::kV4: return v4;
     case IsaLevel::kV3: return v3;
     case IsaLevel::kBase: break;
@@ -291,6 +301,40 @@ SRT_SIMD_INLINE float reduce_max(const vec<W>& v) {
     return reduce_max<W / 2>(lo > hi ? lo : hi);
   }
 }
+
+// 32 bf16 values as raw bits: the operand of dot_bf16, whose lane i holds elements 2i
+// and 2i + 1.
+typedef int16_t vbf16 __attribute__((vector_size(64)));
+// 32 bf16 values (bf16 or their uint16_t bits) from p.
+template <typename T>
+SRT_SIMD_INLINE vbf16 load_bf16_pairs(const T* p) {
+  static_assert(sizeof(T) == 2, "bf16 bits");
+  vbf16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+#if SRT_ISA_LEVELS
+// The first n (< 32) values, zeros after them: one masked load (vmovdqu16), which never
+// touches memory past p + n. (A copy through a zeroed stack buffer, as load_partial makes,
+// stalls on store forwarding: at head_dim 16, every key is such a tail.) Only for
+// SRT_TARGET_V4_BF16 functions: a builtin, for the reason dot_bf16 gives.
+template <typename T>
+SRT_SIMD_INLINE vbf16 load_bf16_pairs_partial(const T* p, int64_t n) {
+  static_assert(sizeof(T) == 2, "bf16 bits");
+  const auto mask = static_cast<__mmask32>((uint64_t{1} << n) - 1);
+  return __builtin_ia32_loaddquhi512_mask(reinterpret_cast<const short*>(p), vbf16{}, mask);
+}
+// acc + a . b by pairs (vdpbf16ps): lane i adds a[2i] b[2i] + a[2i+1] b[2i+1], each
+// product exact in float32, each add rounded to nearest even, denormal inputs and results
+// flushed to zero. Only for SRT_TARGET_V4_BF16 functions. GCC's builtin, not
+// _mm512_dpbf16_ps: that intrinsic is a function with a target of its own, which GCC
+// refuses to inline into these always-inlined helpers (default target) even when they are
+// themselves inlined into a SRT_TARGET_V4_BF16 function; the builtin's ISA is checked
+// where it lands.
+SRT_SIMD_INLINE vec<16> dot_bf16(const vec<16>& acc, const vbf16& a, const vbf16& b) {
+  return __builtin_ia32_dpbf16ps_v16sf(acc, (__m512bh)a, (__m512bh)b);
+}
+#endif
 
 // For std::vector: cache-line-aligned storage, so that no vector load or store of a
 // buffer indexed in multiples of kLanes splits across two lines.

@@ -107,6 +107,7 @@ void gemm_tiles(const GemmParams& p, RangeFn range) {
 template <typename T>
 void gemm_streamed(const GemmParams& p) {
   switch (cpu::isa_level()) {
+    case cpu::IsaLevel::kV4Bf16:
     case cpu::IsaLevel::kV4: return gemm_tiles<T, 4>(p, gemm_range_v4<T>);
     case cpu::IsaLevel::kV3: return gemm_tiles<T, 3>(p, gemm_range_v3<T>);
     case cpu::IsaLevel::kBase: break;

@@ -15,8 +15,16 @@
 // start at multiples of 64 keys), so a query's result depends neither on which tile or
 // path computed it nor on how its prompt was chunked, as long as its keys are not split.
 //
+// bf16 caches at the avx512_bf16 level score with vdpbf16ps on bf16 pairs instead, in
+// both paths: q stays in bf16 as it arrived (its bits copied, never rescaled, so it is
+// rounded no further) and the keys are read from the pages as they are, the prefill path
+// converting only the values; each score is then scaled once in float32 (scale log2(e),
+// or scale / cap). Scaling q first would round q * scale to bf16 again, a relative error
+// of up to 2^-9 per element that the float32 levels do not make. P V stays in float32:
+// a bf16 P would round every probability to 8 bits.
+//
 // No call allocates in steady state. Where every buffer lives:
-//   Scratch (q, k, v, s, acc, m, l, visible, first): one per OpenMP thread, thread_local,
+//   Scratch (q, q_bf16, k, v, s, acc, m, l, visible, first): one per OpenMP thread, thread_local,
 //     refitted only when the shape (head_dim, rows per item) changes;
 //   the item order and the split pieces' partial rows: thread_local in the calling thread,
 //     grown only;
@@ -26,7 +34,9 @@
 //   a chunk's key offsets and row pointers: on the stack.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -52,6 +62,7 @@ constexpr int64_t kKeyChunk = kCpuKeyChunk;
 static_assert(kKeyChunk % kMaxLanes == 0, "a softmax step scores whole vectors of keys");
 constexpr int64_t kRowBlock = 4;   // rows sharing each loaded key/value vector
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int64_t kDotLanes = 32;  // bf16 elements of one vdpbf16ps operand
 static_assert(kKeysPerChunk % kKeyChunk == 0, "split pieces must start on a softmax step");
 
 int64_t round_up(int64_t x, int64_t m) { return ceil_div(x, m) * m; }
@@ -78,14 +89,17 @@ struct Shape {
 // allocates nothing.
 struct Scratch {
   std::vector<float, cpu::LineAllocator<float>> q, k, v, s, acc, m, l;
+  // The bf16 bits of q's rows for vdpbf16ps scores, each padded with zeros to dim_pairs.
+  std::vector<uint16_t, cpu::LineAllocator<uint16_t>> q_bf16;
   std::vector<int64_t> visible;  // per row: keys it sees, capped at the item's k_end
   std::vector<int64_t> first;    // per row: the first key its sliding window holds (0 without one)
-  int64_t dim = -1, dim_padded = -1, max_rows = -1;
+  int64_t dim = -1, dim_padded = -1, max_rows = -1, dim_pairs = -1;
 
   void fit(const Shape& sh) {
     if (sh.dim == dim && sh.dim_padded == dim_padded && sh.max_rows == max_rows) return;
-    dim = sh.dim, dim_padded = sh.dim_padded, max_rows = sh.max_rows;
+    dim = sh.dim, dim_padded = sh.dim_padded, max_rows = sh.max_rows, dim_pairs = round_up(sh.dim, kDotLanes);
     q.assign(sh.max_rows * sh.dim_padded, 0.0f);
+    q_bf16.assign(sh.max_rows * dim_pairs, 0);
     k.assign(kKeyChunk * sh.dim_padded, 0.0f);
     v.assign(kKeyChunk * sh.dim_padded, 0.0f);
     s.assign(sh.max_rows * kKeyChunk, 0.0f);
@@ -100,11 +114,12 @@ struct Scratch {
 // Keys j0 .. j0 + n for the item's heads: the key and value rows of its first head, `len`
 // valid elements each, and those of head h (h - first) * head_stride further on: the
 // pages hold a token's heads side by side (PagedKVLayout::slot_offset); a float32 copy
-// holds one head, zero-padded to dim_padded.
-template <typename KT>
+// holds one head, zero-padded to dim_padded. (The bf16 dot path's prefill chunks pair
+// keys from the pages with float32 values, `len` = dim for both.)
+template <typename KT, typename VT = KT>
 struct Chunk {
   const KT* k[kKeyChunk];
-  const KT* v[kKeyChunk];
+  const VT* v[kKeyChunk];
   int64_t j0, n, len, heads, head_stride;
 };
 
@@ -132,10 +147,16 @@ class PageWalk {
 // A block of rows of an item's scratch, starting at row r.
 struct RowBlock {
   const float* q;
+  const uint16_t* q_bf16;
   float *s, *acc;
-  int64_t dim_padded;
+  int64_t dim_padded, dim_pairs;
   RowBlock(Scratch& t, int64_t r, int64_t Dp)
-      : q(t.q.data() + r * Dp), s(t.s.data() + r * kKeyChunk), acc(t.acc.data() + r * Dp), dim_padded(Dp) {}
+      : q(t.q.data() + r * Dp),
+        q_bf16(t.q_bf16.data() + r * t.dim_pairs),
+        s(t.s.data() + r * kKeyChunk),
+        acc(t.acc.data() + r * Dp),
+        dim_padded(Dp),
+        dim_pairs(t.dim_pairs) {}
 };
 
 // Online softmax for one row: keys before `first` (its sliding window's start) or at or
@@ -204,10 +225,48 @@ SRT_SIMD_INLINE void score_keys(const Chunk<KT>& c, int64_t head, const RowBlock
   }
 }
 
+#if SRT_ISA_LEVELS
+// score_keys with vdpbf16ps (avx512_bf16 level, bf16 caches): per lane a running sum of
+// bf16 pairs over head_dim (32 elements a step; q's rows are zero past dim, a key's lanes
+// past dim are loaded as zeros, never read), then the same tree over 16 keys at once,
+// then the score scale. The key is read where it lies, so a decode row (keys from the
+// pages) and a prefill row (keys from the pages too) get the same bits.
+template <int R, typename VT>
+SRT_SIMD_INLINE void score_keys_bf16(const Chunk<cpu::bf16, VT>& c, int64_t head, const RowBlock& b, float scale) {
+  constexpr int W = cpu::kWidthV4;
+  const int64_t full = c.len - c.len % kDotLanes;
+  for (int64_t g = 0; g < c.n; g += W) {
+    vec<W> dot[R][W];
+    const int64_t m = std::min<int64_t>(W, c.n - g);
+    for (int64_t j = 0; j < m; ++j) {
+      const cpu::bf16* key = c.k[g + j] + head;
+      vec<W> sum[R] = {};
+      for (int64_t d = 0; d < full; d += kDotLanes) {
+        const cpu::vbf16 k = cpu::load_bf16_pairs(key + d);
+        for (int i = 0; i < R; ++i) {
+          sum[i] = cpu::dot_bf16(sum[i], cpu::load_bf16_pairs(b.q_bf16 + i * b.dim_pairs + d), k);
+        }
+      }
+      if (full < c.len) {
+        const cpu::vbf16 k = cpu::load_bf16_pairs_partial(key + full, c.len - full);
+        for (int i = 0; i < R; ++i) {
+          sum[i] = cpu::dot_bf16(sum[i], cpu::load_bf16_pairs(b.q_bf16 + i * b.dim_pairs + full), k);
+        }
+      }
+      for (int i = 0; i < R; ++i) dot[i][j] = sum[i];
+    }
+    for (int64_t j = m; j < W; ++j) {
+      for (int i = 0; i < R; ++i) dot[i][j] = vec<W>{};
+    }
+    for (int i = 0; i < R; ++i) cpu::store(b.s + i * kKeyChunk + g, cpu::reduce_addN<W>(dot[i]) * scale);
+  }
+}
+#endif
+
 // acc[i] += sum_j p[i][j] v[j] over the chunk's keys in order, for the head whose value
 // rows start `head` elements into the chunk's.
-template <int R, int W, typename KT>
-SRT_SIMD_INLINE void accumulate_pv(const Chunk<KT>& c, int64_t head, const RowBlock& b) {
+template <int R, int W, typename KT, typename VT>
+SRT_SIMD_INLINE void accumulate_pv(const Chunk<KT, VT>& c, int64_t head, const RowBlock& b) {
   const int64_t Dp = b.dim_padded;
   for (int64_t d = 0; d < Dp; d += W) {
     vec<W> a[R];
@@ -224,17 +283,30 @@ SRT_SIMD_INLINE void accumulate_pv(const Chunk<KT>& c, int64_t head, const RowBl
 
 // One chunk for all rows of the item (per_head rows for each of its heads), in blocks of
 // up to kRowBlock rows that share each loaded key/value vector. softcap_log2: cap log2(e)
-// when scores are soft-capped (Q then carries scale / cap), 0 when they are not.
-template <int W, typename KT>
-SRT_SIMD_INLINE void attend_chunk(const Chunk<KT>& c, int64_t per_head, int64_t Dp, float softcap_log2, Scratch& t) {
+// when scores are soft-capped (Q then carries scale / cap), 0 when they are not. With
+// Dot (bf16 keys), scores come from score_keys_bf16, scaled by q_scale there.
+template <int W, bool Dot, typename KT, typename VT>
+SRT_SIMD_INLINE void attend_chunk(const Chunk<KT, VT>& c, int64_t per_head, int64_t Dp, float q_scale,
+                                  float softcap_log2, Scratch& t) {
   for (int64_t h = 0; h < c.heads; ++h) {
     for (int64_t r = h * per_head, end = r + per_head; r < end; r += kRowBlock) {
       const RowBlock b(t, r, Dp);
-      switch (std::min(kRowBlock, end - r)) {
-        case 4: score_keys<4, W>(c, h * c.head_stride, b); break;
-        case 3: score_keys<3, W>(c, h * c.head_stride, b); break;
-        case 2: score_keys<2, W>(c, h * c.head_stride, b); break;
-        default: score_keys<1, W>(c, h * c.head_stride, b); break;
+      if constexpr (Dot) {
+#if SRT_ISA_LEVELS
+        switch (std::min(kRowBlock, end - r)) {
+          case 4: score_keys_bf16<4>(c, h * c.head_stride, b, q_scale); break;
+          case 3: score_keys_bf16<3>(c, h * c.head_stride, b, q_scale); break;
+          case 2: score_keys_bf16<2>(c, h * c.head_stride, b, q_scale); break;
+          default: score_keys_bf16<1>(c, h * c.head_stride, b, q_scale); break;
+        }
+#endif
+      } else {
+        switch (std::min(kRowBlock, end - r)) {
+          case 4: score_keys<4, W>(c, h * c.head_stride, b); break;
+          case 3: score_keys<3, W>(c, h * c.head_stride, b); break;
+          case 2: score_keys<2, W>(c, h * c.head_stride, b); break;
+          default: score_keys<1, W>(c, h * c.head_stride, b); break;
+        }
       }
     }
   }
@@ -261,7 +333,8 @@ SRT_SIMD_INLINE void attend_chunk(const Chunk<KT>& c, int64_t per_head, int64_t 
   }
 }
 
-template <typename T, int W>
+// Dot: score with vdpbf16ps (T is bf16, W the AVX-512 width; see the header comment).
+template <typename T, int W, bool Dot = false>
 SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
                              float* partials) {
   const ItemRows ir{w.kv_head, w.num_heads, w.row_begin, w.num_rows, sh.group};
@@ -278,9 +351,13 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
   const int64_t q_full = sh.dim - sh.dim % W, q_tail = sh.dim - q_full;
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = q + (w.q_token0 + ir.query(r)) * p.q_token_stride + ir.q_head(r) * p.q_head_stride;
-    float* qr = t.q.data() + r * Dp;
-    for (int64_t d = 0; d < q_full; d += W) cpu::store(qr + d, cpu::load<W>(src + d) * q_scale);
-    if (q_tail > 0) cpu::store(qr + q_full, cpu::load_partial<W>(src + q_full, q_tail) * q_scale);
+    if constexpr (Dot) {  // lanes past dim stay zero, as in q
+      std::memcpy(t.q_bf16.data() + r * t.dim_pairs, src, sh.dim * sizeof(T));
+    } else {
+      float* qr = t.q.data() + r * Dp;
+      for (int64_t d = 0; d < q_full; d += W) cpu::store(qr + d, cpu::load<W>(src + d) * q_scale);
+      if (q_tail > 0) cpu::store(qr + q_full, cpu::load_partial<W>(src + q_full, q_tail) * q_scale);
+    }
     const int64_t visible = w.causal_offset + ir.query(r) + 1;
     t.visible[r] = std::min<int64_t>(visible, w.kv_end);
     t.first[r] = first_visible_key(visible, p.window);
@@ -317,7 +394,16 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
         c.k[j] = k_cache + off[j];
         c.v[j] = v_cache + off[j];
       }
-      attend_chunk<W>(c, per_head, Dp, softcap_log2, t);
+      attend_chunk<W, Dot>(c, per_head, Dp, q_scale, softcap_log2, t);
+    } else if constexpr (Dot) {  // many rows share each key: convert the values to float32 once (one head)
+      Chunk<T, float> c{{}, {}, j0, n, sh.dim, 1, Dp};
+      for (int64_t j = 0; j < n; ++j) {
+        float* v = t.v.data() + j * Dp;
+        for (int64_t d = 0; d < Dp; d += W) cpu::store(v + d, cpu::load_row<W>(v_cache + off[j], d, sh.dim));
+        c.k[j] = k_cache + off[j];
+        c.v[j] = v;
+      }
+      attend_chunk<W, Dot>(c, per_head, Dp, q_scale, softcap_log2, t);
     } else {  // many rows share each key: convert the chunk to float32 once (one head)
       Chunk<float> c{{}, {}, j0, n, Dp, 1, Dp};
       for (int64_t j = 0; j < n; ++j) {
@@ -330,7 +416,7 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
         c.k[j] = k;
         c.v[j] = v;
       }
-      attend_chunk<W>(c, per_head, Dp, softcap_log2, t);
+      attend_chunk<W, Dot>(c, per_head, Dp, q_scale, softcap_log2, t);
     }
   }
 
@@ -387,6 +473,12 @@ template <typename T>
 using ItemFn = void (*)(const HybridAttentionParams&, const Shape&, const AttentionWorkItem&, Scratch&, float*);
 template <typename T>
 using MergeFn = void (*)(const HybridAttentionParams&, const Shape&, const AttentionMergeItem&, const float*, Scratch&);
+#if SRT_ISA_LEVELS
+SRT_TARGET_V4_BF16 void run_item_v4_bf16(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w,
+                                         Scratch& t, float* partials) {
+  run_item<cpu::bf16, cpu::kWidthV4, true>(p, sh, w, t, partials);
+}
+#endif
 template <typename T>
 SRT_TARGET_V4 void run_item_v4(const HybridAttentionParams& p, const Shape& sh, const AttentionWorkItem& w, Scratch& t,
                                float* partials) {
@@ -460,7 +552,12 @@ void run_plan(const HybridAttentionParams& p, const Shape& sh, const int32_t* pl
   const int32_t* item_order = order.data();
   const auto num_items = static_cast<int64_t>(order.size());
   float* partials = partial_rows.data();
-  const ItemFn<T> run = cpu::pick_isa<ItemFn<T>>(run_item_v4<T>, run_item_v3<T>, run_item_base<T>);
+  ItemFn<T> run = cpu::pick_isa<ItemFn<T>>(run_item_v4<T>, run_item_v3<T>, run_item_base<T>);
+#if SRT_ISA_LEVELS
+  if constexpr (std::is_same_v<T, cpu::bf16>) {
+    if (cpu::isa_level() == cpu::IsaLevel::kV4Bf16) run = run_item_v4_bf16;
+  }
+#endif
   const MergeFn<T> merge = cpu::pick_isa<MergeFn<T>>(merge_v4<T>, merge_v3<T>, merge_base<T>);
 
 #pragma omp parallel

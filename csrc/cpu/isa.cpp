@@ -7,15 +7,16 @@
 namespace sarathi_rt::cpu {
 namespace {
 
-std::atomic<int> g_cap{static_cast<int>(IsaLevel::kV4)};
+std::atomic<int> g_cap{static_cast<int>(IsaLevel::kV4Bf16)};
 
 }  // namespace
 
 IsaLevel native_isa_level() {
 #if SRT_ISA_LEVELS
-  static const IsaLevel level = __builtin_cpu_supports("x86-64-v4")   ? IsaLevel::kV4
-                                : __builtin_cpu_supports("x86-64-v3") ? IsaLevel::kV3
-                                                                      : IsaLevel::kBase;
+  static const IsaLevel level =
+      __builtin_cpu_supports("x86-64-v4") ? (__builtin_cpu_supports("avx512bf16") ? IsaLevel::kV4Bf16 : IsaLevel::kV4)
+      : __builtin_cpu_supports("x86-64-v3") ? IsaLevel::kV3
+                                            : IsaLevel::kBase;
   return level;
 #else
   return IsaLevel::kBase;

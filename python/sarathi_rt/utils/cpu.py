@@ -41,8 +41,10 @@ ISA_LEVELS: dict[str, tuple[str, ...]] = {
     "avx512_bf16": ("avx512_bf16",),
     "amx": ("amx_bf16", "amx_tile"),
 }
-# The level name the native kernels take for each level (they have no bf16-specific code).
-KERNEL_LEVEL = {"base": "base", "avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512", "amx": "avx512"}
+# The level name the native kernels take for each level (only the bf16 attention kernel
+# has avx512_bf16 code; none has AMX code, so "amx" runs the avx512_bf16 level).
+KERNEL_LEVEL = {"base": "base", "avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512_bf16",
+                "amx": "avx512_bf16"}
 # The rule in one line, for the command line's --dtype help.
 DTYPE_HELP = (f"float32, bfloat16 or float16 (also bf16, fp16, half); default: on the CPU bfloat16 where it has "
               f"{' or '.join(BF16_FLAGS)}, else float32 ({BF16_ENV}={BF16_EMULATE} runs an explicit bfloat16 "
