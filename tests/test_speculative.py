@@ -227,7 +227,7 @@ def test_greedy_outputs_equal_plain_decoding(plain: list[list[int]], options: di
     outs = _run(oracle_llm, params)
     assert _ids(outs) == plain
     assert _all_free(oracle_llm)
-    assert sorted(oracle.released) == sorted(oracle.truth)
+    assert set(oracle.released) == set(oracle.truth)  # each finished; a preempted one also released before
     drafted = sum(o.num_draft_tokens for o in outs)
     accepted = sum(o.num_accepted_tokens for o in outs)
     assert drafted > 0 and 0 < accepted < drafted

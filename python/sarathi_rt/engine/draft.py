@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import Hashable, Protocol, Sequence
 
 from sarathi_rt.config import EngineConfig
 from sarathi_rt.models import ResolvedModel, resolve_model
 from sarathi_rt.scheduler.block_manager import BlockManager
 from sarathi_rt.spec import ProposalSource
 from sarathi_rt.text.detokenizer import TextDecoder
+from sarathi_rt.text.tokenizer import Tokenizer, tokenizer_at
 
 from .step_io import RowSampling, SequenceChunk, StepInput
 from .worker import Worker
@@ -33,14 +34,21 @@ def resolve_draft(config: EngineConfig, target: ResolvedModel, tokenizer: TextDe
                               trust_remote_code=config.trust_remote_code)
     except ValueError as exc:
         raise ValueError(f"speculative_model: {exc}") from None
-    from sarathi_rt.llm import load_tokenizer  # the LLM layer owns tokenizer lookup; imported late (it imports us)
-
-    check_draft(target, draft, tokenizer, load_tokenizer(config.speculative_model))
+    # A bare TextDecoder (no ids to compare) checks nothing.
+    check_draft(target, draft, tokenizer if isinstance(tokenizer, Tokenizer) else None, tokenizer_at(draft.path))
     return draft
 
 
-def check_draft(target: ResolvedModel, draft: ResolvedModel, target_tokenizer: object | None,
-                draft_tokenizer: object | None) -> None:
+class TokenizerIds(Protocol):
+    """What check_draft compares of two tokenizers (text.tokenizer.Tokenizer has them)."""
+
+    vocab_size: int
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+
+def check_draft(target: ResolvedModel, draft: ResolvedModel, target_tokenizer: TokenizerIds | None,
+                draft_tokenizer: TokenizerIds | None) -> None:
     """ValueError naming speculative_model unless `draft` can propose for `target`.
     Size rule: layers x hidden size, the draft's at most the target's. It tracks what a
     forward costs per token (every layer runs hidden-wide matrices) and is known from the
