@@ -18,39 +18,27 @@ import argparse
 import os
 import random
 import statistics
-import time
 from collections import Counter
 
-from sarathi_rt import LLM, SamplingParams
+from bench_spec import run
+from sarathi_rt import LLM
+from sarathi_rt.engine import RequestOutput
 
 
-def run(llm: LLM, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    """`concurrency` requests at once (the prompts cycled), greedy, to max_tokens each;
-    the accepted count of every verification, read from each step's outputs (a request
-    whose proposal count grew in a step verified that many, and accepted what its
-    accepted count grew by)."""
-    engine = llm.engine
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    start = time.perf_counter()
-    ids = [f"r{engine.num_steps}-{i}" for i in range(concurrency)]
-    for i, request_id in enumerate(ids):
-        engine.add_request(request_id, prompts[i % len(prompts)], params, arrival_time=start)
-    done = {}
-    seen = {request_id: (0, 0) for request_id in ids}
-    accepted: Counter[int] = Counter()
-    while engine.has_unfinished():
-        for out in engine.step():
-            drafted, kept = seen[out.request_id]
-            if out.num_draft_tokens > drafted:
-                accepted[out.num_accepted_tokens - kept] += 1
-            seen[out.request_id] = (out.num_draft_tokens, out.num_accepted_tokens)
-            if out.finished:
-                done[out.request_id] = out
-    seconds = time.perf_counter() - start
-    outs = [done[i] for i in ids]
-    return {"tokens_per_s": sum(len(o.token_ids) for o in outs) / seconds,
-            "outputs": [list(o.token_ids) for o in outs], "accepted": accepted,
-            "drafted": sum(o.num_draft_tokens for o in outs), "kept": sum(o.num_accepted_tokens for o in outs)}
+class AcceptedLengths:
+    """The accepted count of every verification, read from each step's outputs: a
+    request whose proposal count grew in a step verified proposals in it, and accepted
+    what its accepted count grew by."""
+
+    def __init__(self) -> None:
+        self.histogram: Counter[int] = Counter()
+        self._seen: dict[str, tuple[int, int]] = {}
+
+    def __call__(self, out: RequestOutput) -> None:
+        drafted, kept = self._seen.get(out.request_id, (0, 0))
+        if out.num_draft_tokens > drafted:
+            self.histogram[out.num_accepted_tokens - kept] += 1
+        self._seen[out.request_id] = (out.num_draft_tokens, out.num_accepted_tokens)
 
 
 def main() -> None:
@@ -88,12 +76,13 @@ def main() -> None:
         res: dict[str, list[dict]] = {name: [] for name in engines}
         for _ in range(args.repeats):
             for name, llm in engines.items():
-                res[name].append(run(llm, prompts, c, args.max_tokens))
+                lengths = AcceptedLengths()
+                res[name].append(run(llm, prompts, c, args.max_tokens, lengths) | {"lengths": lengths.histogram})
         for name in histograms:
             identical &= all(a["outputs"] == b["outputs"] for a, b in zip(res["plain"], res[name]))
             for r in res[name]:
-                histograms[name] += r["accepted"]
-                kept[name][0] += r["kept"]
+                histograms[name] += r["lengths"]
+                kept[name][0] += r["accepted"]
                 kept[name][1] += r["drafted"]
         med = {name: statistics.median(r["tokens_per_s"] for r in runs) for name, runs in res.items()}
         ratio = {name: statistics.median(b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(res["plain"], res[name]))
