@@ -143,7 +143,7 @@ class DraftProposer:
                 live.append((i, state, wanted))
         sampled = self._forward(chunks)
         for round_ in range(self.k):
-            for (i, state, _), token in zip(live, sampled):
+            for (i, _, _), token in zip(live, sampled):
                 proposals[i].append(token)
             live = [entry for entry in live if entry[2] > round_ + 1]
             if not live:
