@@ -59,9 +59,10 @@ class LLMEngine:
 
     With config.speculative_method set, each step first asks the proposer for every
     decoding sample's guesses, all samples in one call (a draft model batches them; not
-    for a sample with a json_schema: its grammar would have to judge each guess); the scheduler gives a decode 1 + d rows for d of them,
-    the sampler keeps those the model agrees with, and the sample gets every kept token
-    in order, each through the same stop, length and logprob handling as one token."""
+    for a sample with a json_schema: its grammar would have to judge each guess); the
+    scheduler gives a decode 1 + d rows for d of them, the sampler keeps those the model
+    agrees with, and the sample gets every kept token in order, each through the same
+    stop, length and logprob handling as one token."""
 
     METRICS_WINDOW = 65536
 
