@@ -147,3 +147,17 @@ def test_a_draft_with_another_tokenizer_is_named() -> None:
         other = SimpleNamespace(**vars(ours) | {name: value})
         with pytest.raises(ValueError, match=f"another tokenizer than the target 'tiny-deep': its {name}"):
             check_draft(target, draft, ours, other)
+
+
+def test_serve_flags_reach_the_draft_fields() -> None:
+    import argparse
+
+    from sarathi_rt.commands import serve
+    from sarathi_rt.config.flags import engine_config
+
+    parser = argparse.ArgumentParser()
+    serve.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--model", TARGET, "--speculative-method", "draft",
+                              "--speculative-model", DRAFT, "--speculative-k", "2"])
+    config = engine_config(args)
+    assert (config.speculative_method, config.speculative_model, config.speculative_k) == ("draft", DRAFT, 2)
