@@ -19,9 +19,11 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sarathi_rt import LLM, SamplingParams
+from sarathi_rt.engine import RequestOutput
 
 DATA = Path(__file__).resolve().parent / "data" / "spec_prompts.json"
 
@@ -38,8 +40,10 @@ def smoke_prompts() -> list[list[int]]:
     return [[(7 * i + j) % 50 + 3 for j in range(9)] * 4 for i in range(4)]
 
 
-def run(llm: LLM, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    """`concurrency` requests at once (the prompts cycled), greedy, to max_tokens each."""
+def run(llm: LLM, prompts: list[list[int]], concurrency: int, max_tokens: int,
+        observe: Callable[[RequestOutput], None] | None = None) -> dict:
+    """`concurrency` requests at once (the prompts cycled), greedy, to max_tokens each;
+    `observe` sees every step's every output."""
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     start = time.perf_counter()
@@ -49,6 +53,8 @@ def run(llm: LLM, prompts: list[list[int]], concurrency: int, max_tokens: int) -
     done = {}
     while engine.has_unfinished():
         for out in engine.step():
+            if observe is not None:
+                observe(out)
             if out.finished:
                 done[out.request_id] = out
     seconds = time.perf_counter() - start

@@ -14,7 +14,7 @@ from sarathi_rt.config.speculative import speculative_fields
 from sarathi_rt.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
 from sarathi_rt.models import resolve_configured, resolve_model_path
 from sarathi_rt.sampling import SamplingParams
-from sarathi_rt.text.tokenizer import Tokenizer
+from sarathi_rt.text.tokenizer import Tokenizer, tokenizer_at
 
 Prompt = Union[str, Sequence[int]]
 Conversation = Sequence[Mapping[str, Any]]
@@ -208,14 +208,7 @@ class LLM:
 def load_tokenizer(model: str | Path, tokenizer: str | Path | None = None) -> Tokenizer | None:
     """The tokenizer of `model` (its GGUF file's, or its directory's tokenizer.json; None
     for presets), or the one at `tokenizer` if given."""
-    path = resolve_model_path(model) if tokenizer is None else Path(tokenizer)
-    if path is None:
-        return None
-    if path.is_file():
-        return Tokenizer.from_gguf(path)
-    if (path / "tokenizer.json").is_file():
-        return Tokenizer.from_dir(path)
-    return None
+    return tokenizer_at(resolve_model_path(model) if tokenizer is None else Path(tokenizer))
 
 
 def _count_down(live: dict[str, int], request_id: str) -> None:

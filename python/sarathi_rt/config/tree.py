@@ -45,7 +45,7 @@ class ModelOptions:
 
     model: str | Path = option(DEFAULT_MODEL, "a named model (smollm2-135m-instruct, fetched on first use), a "
                                               "GGUF file, a Hugging Face directory or a preset with seeded random "
-                                              "weights (tiny, cpu-small, llama3-8b)")
+                                              "weights (tiny, tiny-deep, cpu-small, cpu-small-draft, llama3-8b)")
     device: Any = option("cpu", "cpu or cuda[:N]")
     dtype: Any = option(None, DTYPE_HELP, choices=("float32", "bfloat16", "float16"))
     max_model_len: int | None = option(None, "longest sequence (prompt + generated) a request may reach "
@@ -154,7 +154,7 @@ class EngineConfig(ModelOptions, SchedulingOptions, CacheOptions, MemoryOptions,
         self._check_cache()
         self._check_memory()
         self._check_parallel()
-        self._check_speculative(self.policy)
+        self._check_speculative(self.policy, self.world_size)
         import torch
 
         if self.device.type == "cuda" and self.world_size > 1 and self.world_size > torch.cuda.device_count():

@@ -15,12 +15,13 @@ from sarathi_rt.models import ResolvedModel, resolve_configured
 from sarathi_rt.utils.nvtx import nvtx_range
 from sarathi_rt.sampling import SamplingParams, as_int, sample_seed
 from sarathi_rt.scheduler import BatchPlan, PrefixCacheStats, create_scheduler
-from sarathi_rt.spec import create_proposer
+from sarathi_rt.spec import Proposer, create_proposer
 from sarathi_rt.step_time.shape import StepShape
 from sarathi_rt.step_time.online import OnlineStepTimeModel
 
 from sarathi_rt.config import EngineConfig
 from sarathi_rt.text.detokenizer import Detokenizer, TextDecoder
+from .draft import DraftProposer, resolve_draft
 from .executor import Executor, InProcessExecutor
 from .outputs import RequestOutput
 from .sequence import SequenceState
@@ -57,10 +58,11 @@ class LLMEngine:
     and `has_request` take the request's id and cover every sample.
 
     With config.speculative_method set, each step first asks the proposer for every
-    decoding sample's guesses (not for a sample with a json_schema: its grammar would
-    have to judge each guess); the scheduler gives a decode 1 + d rows for d of them,
-    the sampler keeps those the model agrees with, and the sample gets every kept token
-    in order, each through the same stop, length and logprob handling as one token."""
+    decoding sample's guesses, all samples in one call (a draft model batches them; not
+    for a sample with a json_schema: its grammar would have to judge each guess); the
+    scheduler gives a decode 1 + d rows for d of them, the sampler keeps those the model
+    agrees with, and the sample gets every kept token in order, each through the same
+    stop, length and logprob handling as one token."""
 
     METRICS_WINDOW = 65536
 
@@ -77,12 +79,17 @@ class LLMEngine:
         self.model = resolve_configured(config) if model is None else model
         self.model_config = self.model.config
         self.max_model_len = config.model_len(self.model_config)
+        # The draft model is looked up and checked against the target before any weights load.
+        draft = resolve_draft(config, self.model, tokenizer) if config.speculative_method == "draft" else None
         self.executor = executor if executor is not None else _default_executor(config, self.model)
         self.scheduler_config = config.scheduler_config(
             self.executor.num_kv_blocks, resolve_tile_size(config.tile_size, self.model_config, config))
         # Speculative decoding: proposals per decode, verified in the hybrid batch.
-        self.proposer = create_proposer(config.speculative_method, config.speculative_k, config.speculative_ngram_min,
-                                        config.speculative_ngram_max)
+        self.proposer: Proposer | None = create_proposer(
+            config.speculative_method, config.speculative_k, config.speculative_ngram_min,
+            config.speculative_ngram_max) if draft is None else \
+            DraftProposer(config, draft, config.speculative_k, self.executor.num_kv_blocks,
+                          self.scheduler_config.token_budget)
         # The adaptive budget's step-time model learns from every step this engine runs;
         # speculation weighs a proposal's row against the time it adds to the step.
         self.step_time_model = OnlineStepTimeModel() \
@@ -287,6 +294,8 @@ class LLMEngine:
             plan = self.scheduler.schedule(start)
         for request_id in plan.preempted:
             self._seqs[request_id].metrics.num_preemptions += 1
+            if self.proposer is not None:  # a draft model's cache frees the sample's blocks
+                self.proposer.release(request_id)
         self.num_preemptions += len(plan.preempted)
         for key in plan.relegated:
             # A request is relegated before its first token, so before its other samples
@@ -308,12 +317,11 @@ class LLMEngine:
         generates its accepted proposals and one token more."""
         assert self.proposer is not None
         with nvtx_range("propose"):
-            for seq in self._seqs.values():
-                if not seq.output or seq.grammar is not None:
-                    continue
-                room = seq.max_new_tokens - len(seq.output) - 1
-                seq.draft = self.proposer.propose(seq)[:room] if room > 0 else []
-                self.scheduler.set_proposals(seq.key, len(seq.draft))
+            seqs = [seq for seq in self._seqs.values() if seq.output and seq.grammar is None]
+            rooms = [seq.max_new_tokens - len(seq.output) - 1 for seq in seqs]
+            for seq, draft in zip(seqs, self.proposer.propose_batch(seqs, rooms)):
+                seq.draft = draft
+                self.scheduler.set_proposals(seq.key, len(draft))
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
         """Prompt tokens looked up and served from the prefix cache, and evictions."""

@@ -10,9 +10,18 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                         eos_token_ids=(2,)),
+    # tiny's vocabulary and width over 8 layers: a target that tiny can draft for
+    # (speculative_method "draft").
+    "tiny-deep": ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=8,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                             eos_token_ids=(2,)),
     "cpu-small": ModelConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096,
                              eos_token_ids=(2,)),
+    # A 2-layer draft for cpu-small: its vocabulary, a quarter of its layers.
+    "cpu-small-draft": ModelConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096,
+                                   eos_token_ids=(2,)),
     "llama3-8b": ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                              num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
                              rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, max_position_embeddings=131072,

@@ -7,7 +7,8 @@ __all__ = ["NgramProposer", "ProposalSource", "Proposer", "create_proposer"]
 
 
 def create_proposer(method: str, k: int, ngram_min: int, ngram_max: int) -> Proposer | None:
-    """The proposer of config.speculative_method (None for "none")."""
+    """The torch-free proposer of config.speculative_method (None for "none"); "draft"
+    runs a model, so the engine builds it (engine.draft.DraftProposer)."""
     if method == "none":
         return None
     if method == "ngram":

@@ -62,5 +62,9 @@ class NgramProposer:
                 return tokens[follower:follower + self.k]
         return []
 
+    def propose_batch(self, seqs: Sequence[ProposalSource], rooms: Sequence[int]) -> list[list[int]]:
+        """One lookup per sample: an n-gram index costs nothing to batch."""
+        return [self.propose(seq)[:room] if room > 0 else [] for seq, room in zip(seqs, rooms)]
+
     def release(self, key: Hashable) -> None:
         self._indexes.pop(key, None)

@@ -13,11 +13,13 @@ class ProposalSource(Protocol):
 
 
 class Proposer(Protocol):
-    """Guesses at most `k` tokens that follow a request's tokens so far, without touching
-    the device. `release` forgets a request that finished or was aborted."""
+    """Guesses at most `k` tokens that follow a request's tokens so far. `propose_batch`
+    answers for every decoding sample of a step at once, at most rooms[i] tokens for
+    seqs[i] (so that a proposer running a model batches them into one forward per draft
+    position); `release` forgets a request that finished, was aborted or was preempted."""
 
     k: int
 
-    def propose(self, seq: ProposalSource) -> list[int]: ...
+    def propose_batch(self, seqs: Sequence[ProposalSource], rooms: Sequence[int]) -> list[list[int]]: ...
 
     def release(self, key: Hashable) -> None: ...

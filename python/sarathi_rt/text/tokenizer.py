@@ -311,6 +311,18 @@ class Tokenizer:
             raise ValueError(f"the chat template of {self.source or 'this model'} does not parse: {exc}") from exc
 
 
+def tokenizer_at(path: Path | None) -> Tokenizer | None:
+    """The tokenizer stored with a model's weights at `path`: a GGUF file's, or a
+    directory's tokenizer.json; None where there is none (a preset: no path)."""
+    if path is None:
+        return None
+    if path.is_file():
+        return Tokenizer.from_gguf(path)
+    if (path / "tokenizer.json").is_file():
+        return Tokenizer.from_dir(path)
+    return None
+
+
 def _spelled_bytes(strings: list[str], kind: str, added: dict[int, str]) -> list[bytes]:
     """The bytes each vocabulary string stands for, read as grammar_vocabulary()'s `kind`
     says; `added` tokens (id -> content) are written as plain text in any vocabulary."""
