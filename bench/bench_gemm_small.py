@@ -40,22 +40,11 @@ WEIGHTS = {  # SmolLM2-135M: hidden 576, 9 q / 3 kv heads of 64, intermediate 15
 PATHS = ("apply_linear", "padded16", "torch", "streamed")
 
 
-def copy_gbps(torch, repeats: int) -> float:
-    """Median GB/s (read + write bytes) of a float32 copy far past the caches."""
-    src = torch.ones(COLD_BYTES // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - start)
-    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
-
-
 def child(args: argparse.Namespace) -> None:
     """One thread count: prints one JSON line of medians {dtype/weight/rows/path: seconds}."""
     import torch
+
+    from bench_roofline_cpu import copy_bandwidth
 
     from sarathi_rt.ops.linear import apply_linear
 
@@ -74,7 +63,7 @@ def child(args: argparse.Namespace) -> None:
     fns: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
         "apply_linear": apply_linear, "padded16": padded16, "torch": torch.nn.functional.linear,
         "streamed": streamed}
-    result: dict[str, float] = {"copy_gbps": copy_gbps(torch, args.repeats)}
+    result: dict[str, float] = {"copy_gbps": copy_bandwidth(COLD_BYTES >> 20, args.repeats) / 1e9}
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         for name in args.weights.split(","):

@@ -15,6 +15,7 @@ import torch
 from sarathi_rt import _C, ops
 
 from conftest import ATOL
+from test_linear_cpu import _kernel as _ours, _reference
 
 KERNEL_LEVELS = ["base", "avx2", "avx512"]
 RUNNABLE = KERNEL_LEVELS[:KERNEL_LEVELS.index(_C.cpu_isa_native()) + 1]
@@ -40,17 +41,6 @@ def rule(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> tup
     monkeypatch.setattr(linear_module, "_OURS_FLOAT32", ours_float32)
     monkeypatch.setattr(linear_module, "_TORCH_BF16", torch_bf16)
     return request.param
-
-
-def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    y = x.double() @ w.double().T
-    return y if b is None else y + b.double()
-
-
-def _ours(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
-    torch.ops.sarathi_rt.linear_out(x, w, b, out, 0, 1, torch.empty(0, dtype=torch.uint8))
-    return out
 
 
 def _operands(m: int, n: int, k: int, dtype: torch.dtype, seed: int,

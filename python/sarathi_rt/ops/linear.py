@@ -26,13 +26,14 @@ must win at 1-16 rows and stay close at 512 (bench/bench_gemm_small.py; RESULTS.
 "CPU GEMMs at small batch"):
 
 - float32 on an AMD CPU with AVX2 or AVX-512: ours for every weight. torch's float32
-  GEMM is MKL's, which on AMD reads a small weight at a third to a half of the
-  bandwidth ours does at 1-4 rows, and is slower than ours even at 512 rows (SmolLM2's
-  projections, 1 and 2 threads). On Intel, where MKL is at home, this is unmeasured and
-  torch keeps the weights under 16 MiB.
+  GEMM is MKL's, which on AMD read SmolLM2's projections at a third to a half of the
+  bandwidth ours does at 1-4 rows and was still 1.45x slower than ours at 512 rows (one
+  thread, AVX-512; AVX2 in RESULTS.md). On Intel, where MKL is at home, this is
+  unmeasured and torch keeps the weights under 16 MiB.
 - bfloat16 on a CPU with native bf16 (AVX512-BF16 or AMX): torch (oneDNN) for every
-  weight, the LM head included. Ours converts bf16 to float32 per FMA and is 1.5-5x
-  slower from 4-8 rows up; only single-row LM heads lose (by up to 1.7x).
+  weight, the LM head included. Ours converts bf16 to float32 per FMA: on the LM head it
+  is 1.3-4.4x slower from 4 rows up, on the smaller weights 1.4-5.4x from 8 rows up;
+  only LM heads of 1-2 rows lose by the change (up to 1.7x).
 - everything else: ours for weights of 16 MiB and more (read from memory on every call:
   the LM head), torch for the rest.
 """
