@@ -33,13 +33,11 @@ def level(request: pytest.FixtureRequest) -> Iterator[str]:
     _C.set_cpu_isa(before)
 
 
-@pytest.fixture(params=[(True, False), (False, True), (False, False)],
-                ids=["float32-ours", "bf16-torch", "by-size"])
-def rule(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> tuple[bool, bool]:
-    """Each branch of ops.linear's per-weight rule, whatever this CPU is."""
-    ours_float32, torch_bf16 = request.param
-    monkeypatch.setattr(linear_module, "_OURS_FLOAT32", ours_float32)
-    monkeypatch.setattr(linear_module, "_TORCH_BF16", torch_bf16)
+@pytest.fixture(params=[True, False], ids=["float32-ours", "by-size"])
+def rule(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Each branch of ops.linear's per-weight rule, whatever this CPU is: whether float32
+    runs our kernel on every weight."""
+    monkeypatch.setattr(linear_module, "_OURS_FLOAT32", request.param)
     return request.param
 
 
@@ -67,7 +65,7 @@ def test_our_kernel_matches_float64_on_ragged_rows_at_every_level(level: str, dt
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (9, 37)])
-def test_a_row_does_not_depend_on_the_rows_beside_it(level: str, rule: tuple[bool, bool], dtype: torch.dtype,
+def test_a_row_does_not_depend_on_the_rows_beside_it(level: str, rule: bool, dtype: torch.dtype,
                                                      n: int, k: int) -> None:
     """Batch invariance at every level and under every branch of the rule: row i of an
     M-row call equals the same row alone, and the rows of any slice, bit for bit."""
@@ -87,16 +85,14 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(level: str, rule: tuple[boo
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_kernel_is_chosen_by_the_weight_never_by_the_rows(rule: tuple[bool, bool], dtype: torch.dtype) -> None:
-    ours_float32, torch_bf16 = rule
+def test_the_kernel_is_chosen_by_the_weight_never_by_the_rows(rule: bool, dtype: torch.dtype) -> None:
     small, large = torch.empty(960, 576, dtype=dtype), torch.empty(49152, 576 if dtype == torch.float32 else 1152,
                                                                    dtype=dtype)
     for weight in (small, large):
         chosen = {linear_module._streams_weight(torch.empty(m, weight.shape[1], dtype=dtype), weight, None)
                   for m in (1, 2, 7, 16, 17, 64, 512)}
         assert len(chosen) == 1
-        expected = ((dtype == torch.float32 and ours_float32) or
-                    (weight is large and not (dtype == torch.bfloat16 and torch_bf16)))
+        expected = (dtype == torch.float32 and rule) or weight is large
         assert chosen == {expected}, (dtype, tuple(weight.shape))
 
 

@@ -30,12 +30,11 @@ must win at 1-16 rows and stay close at 512 (bench/bench_gemm_small.py; RESULTS.
   bandwidth ours does at 1-4 rows and was still 1.45x slower than ours at 512 rows (one
   thread, AVX-512; AVX2 in RESULTS.md). On Intel, where MKL is at home, this is
   unmeasured and torch keeps the weights under 16 MiB.
-- bfloat16 on a CPU with native bf16 (AVX512-BF16 or AMX): torch (oneDNN) for every
-  weight, the LM head included. Ours converts bf16 to float32 per FMA: on the LM head it
-  is 1.3-4.4x slower from 4 rows up, on the smaller weights 1.4-5.4x from 8 rows up;
-  only LM heads of 1-2 rows lose by the change (up to 1.7x).
 - everything else: ours for weights of 16 MiB and more (read from memory on every call:
-  the LM head), torch for the rest.
+  the LM head), torch for the rest. In bf16 with AVX512-BF16, oneDNN beats ours from 4-8
+  rows up (ours converts bf16 to float32 before each FMA), but torch for the bf16 LM head
+  as well made SmolLM2 decode 0.84x as fast at 1 request and 0.95x at 4: a 1-row head
+  padded to 16 rows costs more than ours; so bf16 keeps this rule.
 """
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
 from sarathi_rt.ops._registry import KERNELS, native_op
 from sarathi_rt.ops.gemm_plan import gemm_plan
-from sarathi_rt.utils.cpu import CPUINFO, cpu_flags, missing_bf16
+from sarathi_rt.utils.cpu import CPUINFO
 
 _FLOATS = tuple(DTYPE_CODES)
 _ALIGN = 8  # elements per 16-byte vector of a 16-bit dtype
@@ -84,7 +83,6 @@ def _is_amd(path: str = str(CPUINFO)) -> bool:
 # The rule of the module docstring, fixed when the module loads: the ISA level is the
 # process's (SARATHI_RT_CPU_ISA applies when the core loads, before this module).
 _OURS_FLOAT32 = _is_amd() and _C.cpu_isa() in ("avx2", "avx512")
-_TORCH_BF16 = not missing_bf16(cpu_flags())
 
 
 def _streams_weight(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -95,8 +93,6 @@ def _streams_weight(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         return False
     if weight.dtype == torch.float32 and _OURS_FLOAT32:
         return True
-    if weight.dtype == torch.bfloat16 and _TORCH_BF16:
-        return False
     return weight.numel() * weight.element_size() >= _STREAMED_WEIGHT_BYTES
 
 
