@@ -39,6 +39,7 @@ EXPECT = {
                               r"changed by the batch composition \(of 2, against all batched\): alone 0, reversed, "
                               r"64-token chunks 0(.|\n)*bf16 / float32 time",
     "bench_e2e_cpu.py": r"ratio: .*x",
+    "bench_gemm_small.py": r"float32  \| lm_head  \|   17 \|(.|\n)*worst cell: today's path \d+\.\d+x",
     "bench_gemm_gpu.py": r"skipped, no CUDA device|M >= 256: median ratio",
     "bench_gguf_load.py": r"cached load vs transformers: \d+\.\d+x faster\n(.|\n)*greedy, 2 chat prompts, max 4 "
                           r"tokens: 2/2 identical to transformers",

@@ -16,12 +16,29 @@ invariance), so a token's activations, KV and logits do not depend on what else 
 its step: prefix caching and any chunking give bit-identical outputs (see the README).
 oneDNN/MKL choose their kernel, and with it the order of the K reduction, by the row
 count and the thread split; with the rows padded to a multiple of 16 they always run
-the same blocked kernel (tests/test_linear_cpu.py checks it). Streamed weights run our
-kernel, whose per-row reduction order is fixed, in one call that reads the weight once
-per tile of rows that fits in L2 (csrc/cpu/gemm_streamed.cpp).
+the same blocked kernel (tests/test_linear_cpu.py checks it). Our kernel
+(csrc/cpu/gemm_streamed.cpp) has one per-row reduction order at any row count and reads
+the weight once per tile of rows that fits in L2, with no padding.
+
+Which of the two a weight runs depends on the weight (dtype, size) and the CPU, never on
+the row count: a weight's kernel runs its decodes and its prefill chunks alike, so it
+must win at 1-16 rows and stay close at 512 (bench/bench_gemm_small.py; RESULTS.md,
+"CPU GEMMs at small batch"):
+
+- float32 on an AMD CPU with AVX2 or AVX-512: ours for every weight. torch's float32
+  GEMM is MKL's, which on AMD read SmolLM2's projections at a third to a half of the
+  bandwidth ours does at 1-4 rows and was still 1.45x slower than ours at 512 rows (one
+  thread, AVX-512; AVX2 in RESULTS.md). On Intel, where MKL is at home, this is
+  unmeasured and torch keeps the weights under 16 MiB.
+- everything else: ours for weights of 16 MiB and more (read from memory on every call:
+  the LM head), torch for the rest. In bf16 with AVX512-BF16, oneDNN beats ours from 4-8
+  rows up (ours converts bf16 to float32 before each FMA), but torch for the bf16 LM head
+  as well made SmolLM2 decode 0.84x as fast at 1 request and 0.95x at 4: a 1-row head
+  padded to 16 rows costs more than ours; so bf16 keeps this rule.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -30,6 +47,7 @@ from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
 from sarathi_rt.ops._registry import KERNELS, native_op
 from sarathi_rt.ops.gemm_plan import gemm_plan
+from sarathi_rt.utils.cpu import CPUINFO
 
 _FLOATS = tuple(DTYPE_CODES)
 _ALIGN = 8  # elements per 16-byte vector of a 16-bit dtype
@@ -54,10 +72,28 @@ _STREAMED_WEIGHT_BYTES = 16 << 20
 _CPU_ROW_TILE = 16
 
 
+def _is_amd(path: str = str(CPUINFO)) -> bool:
+    try:
+        with open(path) as f:
+            return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
+    except OSError:
+        return False
+
+
+# The rule of the module docstring, fixed when the module loads: the ISA level is the
+# process's (SARATHI_RT_CPU_ISA applies when the core loads, before this module).
+_OURS_FLOAT32 = _is_amd() and _C.cpu_isa() in ("avx2", "avx512")
+
+
 def _streams_weight(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether our kernel runs this product: by the weight and the CPU (any row count but
+    none), and only on rows, weight and bias with contiguous last dimensions."""
     operands = (x2, weight) + (() if bias is None else (bias,))
-    return (x2.shape[0] > 0 and all(t.stride(-1) == 1 for t in operands)
-            and weight.numel() * weight.element_size() >= _STREAMED_WEIGHT_BYTES)
+    if x2.shape[0] == 0 or any(t.stride(-1) != 1 for t in operands):
+        return False
+    if weight.dtype == torch.float32 and _OURS_FLOAT32:
+        return True
+    return weight.numel() * weight.element_size() >= _STREAMED_WEIGHT_BYTES
 
 
 def _cutlass_can_run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -103,9 +139,35 @@ def _cpu_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         return out
     pad = -m % _CPU_ROW_TILE
     if pad:
-        x2 = torch.cat([x2, x2.new_zeros(pad, x2.shape[1])])
+        x2 = _PADDED.rows(x2, m + pad)
     out = torch.nn.functional.linear(x2, weight, bias)
     return out[:m] if pad else out
+
+
+class _PaddedRows(threading.local):
+    """x's rows followed by zero rows, in a buffer kept per thread and per (K, dtype) and
+    grown to the largest padded row count seen, so padding allocates nothing per call
+    (`new_zeros` + `cat` cost two allocations a projection, 7 a layer). Per thread:
+    torch's GEMM releases the GIL, and two threads must not share the rows."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def rows(self, x2: torch.Tensor, rows: int) -> torch.Tensor:
+        """x2 [m, K] copied into the first m of `rows` rows, the rest zero (a view that the
+        next call on this thread overwrites: use it before then)."""
+        m, k = x2.shape
+        key = (k, x2.dtype)
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.shape[0] < rows:
+            buffer = self.buffers[key] = torch.empty(rows, k, dtype=x2.dtype)
+        padded = buffer[:rows]
+        padded[:m].copy_(x2)
+        padded[m:].zero_()
+        return padded
+
+
+_PADDED = _PaddedRows()
 
 
 @native_op("linear_out", mutates_args=("out", "workspace"))
