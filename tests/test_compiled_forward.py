@@ -76,12 +76,6 @@ def test_compile_option_is_checked() -> None:
         LLM("tiny", num_kv_blocks=16, compile="yes")
 
 
-def test_auto_and_off_run_eagerly() -> None:
-    for mode in ("auto", "off"):
-        worker = LLM("tiny", num_kv_blocks=16, compile=mode).engine.executor.worker
-        assert worker.run_stage is worker.model, mode
-
-
 @pytest.mark.slow
 def test_compiled_equals_eager_across_buckets() -> None:
     eager_tokens, eager_logits, eager_steps = _run(_engine("off"))
