@@ -73,6 +73,10 @@ def test_layer_loop_equals_eager_bit_for_bit(model: str, dtype: str, monkeypatch
     assert any(n > b and b > 1 for n, b in steps[1:-1])
     assert {n % 16 for n, _ in steps} != {0}
     assert tokens == want_tokens
+    # One set of buffers for the largest step; a shorter step's GEMM inputs are zero past its rows.
+    rows = steps[-1][0]
+    assert loop._buffers["normed"].shape[0] == -(-max(n for n, _ in steps) // 16) * 16
+    assert all(not t[rows:].any() for t in loop._spaces[-(-rows // 16) * 16].gemm_inputs)
     for step, (want, got) in enumerate(zip(want_logits, logits)):
         assert torch.equal(got, want), f"step {step} ({steps[step]}): logits differ"
 
@@ -101,11 +105,11 @@ def test_a_failure_falls_back_to_the_eager_layers_once(monkeypatch: pytest.Monke
     run_gemm = layer_loop._Gemm.__call__
     calls = []
 
-    def failing(gemm: layer_loop._Gemm, rows: int, padded: int) -> None:
+    def failing(gemm: layer_loop._Gemm, rows: int) -> None:
         calls.append(rows)
         if gemm.weight is o_proj:
             raise RuntimeError("the layer loop is broken on purpose")
-        run_gemm(gemm, rows, padded)
+        run_gemm(gemm, rows)
 
     monkeypatch.setattr(layer_loop._Gemm, "__call__", failing)
     with caplog.at_level(logging.WARNING, logger="sarathi_rt"):
