@@ -35,6 +35,7 @@ import torch
 from sarathi_rt.models import CausalLM, StepContext
 from sarathi_rt.models.layer_loop import LayerLoop
 from sarathi_rt.ops._registry import KERNELS
+from sarathi_rt.utils import nvtx
 
 log = logging.getLogger("sarathi_rt")
 
@@ -81,7 +82,8 @@ def stage_forward(model: CausalLM, mode: str, max_tokens: int) -> Callable[..., 
     saves the same Python without any of that, at no start-up cost."""
     if mode == "on":
         return CompiledForward(model, max_tokens)
-    if mode == "auto" and LayerLoop.unsupported(model) is None:
+    # Per-layer profiling ranges (SARATHI_RT_NVTX=detail) are the eager layers'.
+    if mode == "auto" and not nvtx.DETAIL and LayerLoop.unsupported(model) is None:
         return LayerLoop(model)
     return model
 
