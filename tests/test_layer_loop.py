@@ -13,6 +13,7 @@ import torch
 
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.engine.compiled_forward import stage_forward
+from sarathi_rt.engine.step_io import RowSampling, SequenceChunk, StepInput
 from sarathi_rt.models import PRESETS, LlamaForCausalLM, ModelConfig
 from sarathi_rt.models import layer_loop
 from sarathi_rt.models.layer_loop import LayerLoop
@@ -136,3 +137,19 @@ def test_compile_modes_pick_the_forward() -> None:
     for mode, kind in (("auto", LayerLoop), ("off", LlamaForCausalLM)):
         worker = LLM("tiny", num_kv_blocks=16, compile=mode).engine.executor.worker
         assert type(worker.run_stage) is kind, mode
+
+
+
+def test_a_rebound_cache_is_read_again() -> None:
+    """The loop reads the KV caches' addresses once; a model bound to another cache makes
+    it read them again, so no step writes into a cache the model has let go."""
+    llm = LLM("tiny", num_kv_blocks=32, block_size=8, dtype="float32")
+    worker = llm.engine.executor.worker
+    loop = worker.run_stage
+    worker.allocate_kv_cache(16)  # a new cache, bound to the same model
+    step = StepInput(0, [SequenceChunk("r", [5, 6, 7], 0, [0], RowSampling(0.0, None, 1.0, 0, 0))])
+    ids, ctx = worker.runner.prepare(step)
+    hidden, residual = loop(ctx, input_ids=ids)
+    assert loop.failure is None and loop._args[0].k == worker.kv_cache.layer(0)[0].data_ptr()
+    want_hidden, want_residual = worker.model(ctx, input_ids=ids)
+    assert torch.equal(hidden, want_hidden) and torch.equal(residual, want_residual)

@@ -77,7 +77,7 @@ class _Shape(NamedTuple):
 
 class _LayerArgs(NamedTuple):
     """A layer's weights, rotary cache and KV cache as the kernels take them, read once
-    (again only if the model is bound to another cache: `k_cache` is compared per step)."""
+    (again only once the model is bound to another cache: `k_cache` is compared per step)."""
 
     k_cache: torch.Tensor
     input_norm: int
@@ -201,7 +201,8 @@ class LayerLoop:
 
     def _layer_args(self) -> list[_LayerArgs]:
         args = self._args
-        if not args or any(a.k_cache is not layer.self_attn.k_cache for a, layer in zip(args, self._layers)):
+        # bind_kv_cache rebinds every layer at once, so the first layer's cache tells.
+        if not args or args[0].k_cache is not self._layers[0].self_attn.k_cache:
             args = self._args = [_layer_args(layer, rope) for layer, rope in zip(self._layers, self._rope)]
         return args
 
