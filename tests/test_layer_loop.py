@@ -18,6 +18,8 @@ from sarathi_rt.models import PRESETS, LlamaForCausalLM, ModelConfig
 from sarathi_rt.models import layer_loop
 from sarathi_rt.models.layer_loop import LayerLoop
 
+from recorded_steps import run_recording
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 # Prompts of 1-45 tokens under a 48-token budget in 32-token chunks: a prefill-only first
 # step, steps mixing chunks with decodes, then decodes alone; token counts on both sides
@@ -40,21 +42,7 @@ def _engine(model: str, dtype: str, compile_mode: str) -> LLM:
 
 
 def _run(llm: LLM) -> tuple[list[list[int]], list[torch.Tensor], list[tuple[int, int]]]:
-    """Greedy tokens per prompt, each step's logits, and each step's (tokens, requests)."""
-    worker = llm.engine.executor.worker
-    logits: list[torch.Tensor] = []
-    steps: list[tuple[int, int]] = []
-    compute_logits = worker.model.compute_logits
-
-    def recording(hidden: torch.Tensor, residual: torch.Tensor | None, ctx) -> torch.Tensor | None:
-        steps.append((ctx.num_tokens, ctx.seqlens_k.shape[0]))
-        out = compute_logits(hidden, residual, ctx)
-        logits.append(out.clone())
-        return out
-
-    worker.model.compute_logits = recording
-    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    return [o.token_ids for o in outs], logits, steps
+    return run_recording(llm, PROMPTS, GREEDY)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

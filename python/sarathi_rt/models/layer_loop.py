@@ -209,14 +209,7 @@ class LayerLoop:
     def _run(self, ctx: StepContext, input_ids: torch.Tensor | None,
              intermediate: Activations | None) -> Activations:
         model = self.model
-        if model.shard.is_first:
-            if input_ids is None:
-                raise ValueError("input_ids is required on the first pipeline stage")
-            hidden, residual = model.embed(input_ids), None
-        else:
-            if intermediate is None:
-                raise ValueError("intermediate (hidden, residual) is required after the first stage")
-            hidden, residual = intermediate
+        hidden, residual = model.stage_input(input_ids, intermediate)
         rows = hidden.shape[0]
         if rows == 0:
             return model(ctx, input_ids=input_ids, intermediate=intermediate)
