@@ -24,8 +24,9 @@ this VM's speed drifts by up to 2x within minutes, so only a comparison made in 
 minutes means anything (`git worktree add /tmp/base <commit>` and build it in place for
 the baseline). A baseline without `harness.step_split` prints no breakdown.
 
---compile on|off|auto sets the engine's `compile` option (engine/compiled_forward.py);
-a compiled forward runs as one graph, so its runs print no breakdown. --compile-pairs N
+--compile on|off|auto sets the engine's `compile` option (engine/compiled_forward.py).
+Only the eager layers (`--compile off`) have per-op timers: the default, the layer loop
+(models/layer_loop.py), and a compiled forward print no breakdown. --compile-pairs N
 runs N pairs of fresh processes of this package, eager (--compile off) against compiled
 (--compile on), alternating which goes first, and prints the same medians and ratios,
 and the median seconds the compiled side's `LLM()` took (it compiles the warm-up step's
@@ -96,7 +97,8 @@ def run_once(llm: LLM, decodes: int, steps: int, split: Any = None) -> tuple[flo
 
 def measure(decodes: int, steps: int, repeats: int, threads: int, compile_mode: str | None) -> dict[str, Any]:
     """Bare runs for the headline; after each, a timed run for the breakdown (absent
-    when the package measured has no step_split, or the forward is compiled)."""
+    when the package measured has no step_split, or its layers run in the layer loop or
+    compiled)."""
     torch.set_num_threads(threads)
     options = {} if compile_mode is None else {"compile": compile_mode}
     start = time.perf_counter()

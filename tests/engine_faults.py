@@ -9,9 +9,10 @@ class Boom(RuntimeError):
 
 
 def break_after(engine: LLMEngine, calls: int) -> None:
-    """The model's forward raises Boom from its `calls`-th call on."""
-    model = engine.executor.worker.model
-    forward, seen = model.forward, [0]
+    """The stage's forward (what the worker runs: the layer loop or the model) raises
+    Boom from its `calls`-th call on."""
+    worker = engine.executor.worker
+    forward, seen = worker.run_stage, [0]
 
     def failing(*args: object, **kwargs: object) -> object:
         seen[0] += 1
@@ -19,4 +20,4 @@ def break_after(engine: LLMEngine, calls: int) -> None:
             raise Boom("the forward raised (injected)")
         return forward(*args, **kwargs)
 
-    model.forward = failing  # type: ignore[method-assign]
+    worker.run_stage = failing

@@ -14,6 +14,7 @@ from sarathi_rt.engine.compiled_forward import CompiledForward, buckets_for
 from sarathi_rt.ops.attention import run_attention
 
 from attention_batches import make_batch
+from recorded_steps import run_recording
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 # Prefills of 3-45 tokens, chunked under a 48-token budget, then decodes of 7 down to 1
@@ -29,20 +30,8 @@ def _engine(compile_mode: str) -> LLM:
 
 def _run(llm: LLM) -> tuple[list[list[int]], list[torch.Tensor], list[int]]:
     """Greedy tokens per prompt, each step's logits and each step's token count."""
-    worker = llm.engine.executor.worker
-    logits: list[torch.Tensor] = []
-    tokens: list[int] = []
-    compute_logits = worker.model.compute_logits
-
-    def recording(hidden: torch.Tensor, residual: torch.Tensor | None, ctx) -> torch.Tensor | None:
-        tokens.append(ctx.num_tokens)
-        out = compute_logits(hidden, residual, ctx)
-        logits.append(out.clone())
-        return out
-
-    worker.model.compute_logits = recording
-    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    return [o.token_ids for o in outs], logits, tokens
+    tokens, logits, steps = run_recording(llm, PROMPTS, GREEDY)
+    return tokens, logits, [n for n, _ in steps]
 
 
 def test_buckets_are_powers_of_two_from_16() -> None:
@@ -74,12 +63,6 @@ def test_planned_attention_leaves_padding_rows_alone() -> None:
 def test_compile_option_is_checked() -> None:
     with pytest.raises(ValueError, match=r"compile must be one of \['auto', 'on', 'off'\], got 'yes'"):
         LLM("tiny", num_kv_blocks=16, compile="yes")
-
-
-def test_auto_and_off_run_eagerly() -> None:
-    for mode in ("auto", "off"):
-        worker = LLM("tiny", num_kv_blocks=16, compile=mode).engine.executor.worker
-        assert worker.run_stage is worker.model, mode
 
 
 @pytest.mark.slow

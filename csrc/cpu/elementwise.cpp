@@ -91,28 +91,32 @@ SRT_SIMD_INLINE void rotary_token(const RotaryParams& p, int64_t t) {
 
 // silu(g) = g * sigmoid(g), with sigmoid from one 2^x of a non-positive argument
 // (e^-|g|), so it never overflows: 1 / (1 + t) for g >= 0, t / (1 + t) below.
-SRT_SIMD_INLINE cpu::vf silu(const cpu::vf& g) {
-  const cpu::vi negative = cpu::less(g, cpu::splat(0.0f));
-  const cpu::vf neg_abs = cpu::select(negative, g, -g);
-  const cpu::vf t = cpu::exp2_nonpositive(neg_abs * 1.4426950408889634f);  // log2(e)
-  const cpu::vf sigmoid = cpu::select(negative, t, cpu::splat(1.0f)) / (1.0f + t);
+template <int W>
+SRT_SIMD_INLINE vec<W> silu(const vec<W>& g) {
+  const cpu::ivec<W> negative = cpu::less<W>(g, cpu::splat<W>(0.0f));
+  const vec<W> neg_abs = cpu::select<W>(negative, g, -g);
+  const vec<W> t = cpu::exp2_nonpositive<W>(neg_abs * 1.4426950408889634f);  // log2(e)
+  const vec<W> sigmoid = cpu::select<W>(negative, t, cpu::splat<W>(1.0f)) / (1.0f + t);
   return g * sigmoid;
 }
 
-// Token t's row in 16-float vectors at every level (cpu::for_each_token compiles it per
-// level). Whole vectors first, then the tail on its own: with load_row's tail branch
-// inside the loop GCC ran every load through memory (2.5x the loop's time).
-template <typename T>
+// Token t's row in W-float vectors (cpu::for_each_token compiles it per level). Whole
+// vectors first, then the tail on its own: with load_row's tail branch inside the loop
+// GCC ran every load through memory (2.5x the loop's time). Each lane is computed on its
+// own, so the width does not change a bit of the result.
+template <typename T, int W>
 SRT_SIMD_INLINE void silu_and_mul_row(const SiluAndMulParams& p, int64_t t) {
   const int64_t I = p.intermediate;
   const T* gate = static_cast<const T*>(p.x) + t * p.x_stride;
   const T* up = gate + I;
   T* o = static_cast<T*>(p.out) + t * p.out_stride;
   int64_t i = 0;
-  for (; i + cpu::kLanes <= I; i += cpu::kLanes) {
-    cpu::store_row(o, i, I, silu(cpu::load(gate + i)) * cpu::load(up + i));
+  for (; i + W <= I; i += W) {
+    cpu::store_row<T, W>(o, i, I, silu<W>(cpu::load<W>(gate + i)) * cpu::load<W>(up + i));
   }
-  if (i < I) cpu::store_row(o, i, I, silu(cpu::load_partial(gate + i, I - i)) * cpu::load_partial(up + i, I - i));
+  if (i < I) {
+    cpu::store_row<T, W>(o, i, I, silu<W>(cpu::load_partial<W>(gate + i, I - i)) * cpu::load_partial<W>(up + i, I - i));
+  }
 }
 
 template <template <typename> class Fn, typename P>
@@ -146,7 +150,12 @@ template <typename T>
 struct SiluAndMulFn {
   template <int W>
   struct Row {
-    static SRT_SIMD_INLINE void run(const SiluAndMulParams& p, int64_t t) { silu_and_mul_row<T>(p, t); }
+    // At most 8 lanes: the AVX-512 level ran this row at 16 lanes several times slower
+    // than the AVX2 level at 8 (less<16> compares as two 8-lane halves moved through
+    // memory), so it runs 8-lane (AVX-512VL) vectors there too.
+    static SRT_SIMD_INLINE void run(const SiluAndMulParams& p, int64_t t) {
+      silu_and_mul_row<T, (W < cpu::kWidthV3 ? W : cpu::kWidthV3)>(p, t);
+    }
   };
   static void run(const SiluAndMulParams& p) {
     cpu::for_each_token<Row>(p, p.num_tokens * p.intermediate > kParallelElems);

@@ -33,7 +33,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 # How a Hugging Face checkpoint runs: "auto" natively when a family names it, else
 # through transformers' model (models/families/transformers_backend); the others force one.
 MODEL_IMPLS = ("auto", "native", "transformers")
-# Whether a CPU stage's forward runs under torch.compile (engine/compiled_forward.py).
+# How a CPU stage's forward runs: layer loop, eager layers or torch.compile (engine/compiled_forward.py).
 COMPILE_MODES = ("auto", "on", "off")
 
 
@@ -57,9 +57,11 @@ class ModelOptions:
                                      "forces one", choices=MODEL_IMPLS)
     trust_remote_code: bool = option(False, "let a Hugging Face directory run modelling code it ships (as in "
                                             "transformers)")
-    compile: str = option("auto", "on: run the CPU forward under torch.compile (inductor), the step's tokens "
-                                  "padded to power-of-two buckets (seconds of start-up); auto and off: eagerly, "
-                                  "which measured faster (docs/cpu.md)", choices=COMPILE_MODES)
+    compile: str = option("auto", "auto: a CPU stage of the plain LLaMA layer runs its layers in the layer loop "
+                                  "(kernels and GEMMs called without per-op Python, the same bits as eager), any "
+                                  "other eagerly; off: the eager layers; on: the CPU forward under torch.compile "
+                                  "(inductor), the step's tokens padded to power-of-two buckets (seconds of "
+                                  "start-up, measured slower; docs/cpu.md)", choices=COMPILE_MODES)
 
     def _check_model(self) -> None:
         import torch

@@ -33,7 +33,9 @@ from typing import Any
 import torch
 
 from sarathi_rt.models import CausalLM, StepContext
+from sarathi_rt.models.layer_loop import LayerLoop
 from sarathi_rt.ops._registry import KERNELS
+from sarathi_rt.utils import nvtx
 
 log = logging.getLogger("sarathi_rt")
 
@@ -67,16 +69,23 @@ def _op_caller(op: Any) -> Callable[..., Any]:
 
 def stage_forward(model: CausalLM, mode: str, max_tokens: int) -> Callable[..., Activations]:
     """What a worker runs its stage's forward with, for the config's `compile` mode: the
-    model itself, or the model under a CompiledForward for steps of up to max_tokens.
+    model itself ("off"), the model under a CompiledForward for steps of up to max_tokens
+    ("on"), or ("auto") the layer loop where it takes the model (models/layer_loop.py:
+    the plain LLaMA layer on the CPU) and the model elsewhere.
 
-    "auto" runs eagerly on every host kind. What compiling can save is the Python between
-    our kernels (the split's "other", 0.13-0.16 ms of a tiny step); what it adds is
-    paid per step whatever the ISA: dynamo's guards over the graph's ~30 inputs, a
-    dispatcher round trip per kernel call (eagerly the layers skip it, see
-    ops/_registry.py) and the padding. Measured in interleaved pairs the compiled step
-    was slower (bench/RESULTS.md, "The forward under torch.compile"), and it costs
-    seconds of start-up."""
-    return CompiledForward(model, max_tokens) if mode == "on" else model
+    "auto" never compiles. What compiling can save is the Python between our kernels
+    (the split's "other", 0.13-0.16 ms of a tiny step); what it adds is paid per step
+    whatever the ISA: dynamo's guards over the graph's ~30 inputs, a dispatcher round
+    trip per kernel call (eagerly the layers skip it, see ops/_registry.py) and the
+    padding. Measured in interleaved pairs the compiled step was slower (bench/RESULTS.md,
+    "The forward under torch.compile"), and it costs seconds of start-up. The layer loop
+    saves the same Python without any of that, at no start-up cost."""
+    if mode == "on":
+        return CompiledForward(model, max_tokens)
+    # Per-layer profiling ranges (SARATHI_RT_NVTX=detail) are the eager layers'.
+    if mode == "auto" and not nvtx.DETAIL and LayerLoop.unsupported(model) is None:
+        return LayerLoop(model)
+    return model
 
 
 def buckets_for(max_tokens: int) -> tuple[int, ...]:

@@ -10,6 +10,11 @@ processing) is taken out of the outer one's, so the categories add up to the tim
 spent inside any timer; the rest of the step is `python` (the engine's glue between the
 phases). On the CPU every op finishes before it returns, so the wall time around a module
 is its compute; the timers cost ~1 us each, which a reader compares against the bare step.
+
+The timers sit on the eager layers' modules, so while a split times a worker whose stage
+runs otherwise (the layer loop, models/layer_loop.py, or a compiled forward) that worker
+runs its eager layers: the same kernels and, for the layer loop, the same bits, with the
+per-op Python the others save.
 """
 from __future__ import annotations
 
@@ -68,6 +73,8 @@ class StepSplit:
 
     def __enter__(self) -> StepSplit:
         model = self.worker.model
+        self._patched.append((self.worker, "run_stage", self.worker.run_stage))
+        self.worker.run_stage = model
         self._patch(model, "forward", "other")  # what its layers do outside their timed regions
         for category, module in model.timed_regions():
             self._patch(module, "forward", category)

@@ -220,18 +220,23 @@ class LlamaForCausalLM(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run this stage's layers; returns (hidden, residual) for the next stage or for
         `compute_logits`."""
-        if self.shard.is_first:
-            if input_ids is None:
-                raise ValueError("input_ids is required on the first pipeline stage")
-            hidden, residual = self.embed(input_ids), None
-        else:
-            if intermediate is None:
-                raise ValueError("intermediate (hidden, residual) is required after the first stage")
-            hidden, residual = intermediate
+        hidden, residual = self.stage_input(input_ids, intermediate)
         for index, layer in self.layers.items():
             with nvtx_detail_range(f"layer{index}", "layer"):
                 hidden, residual = layer(hidden, residual, ctx, self.rope_cache(index))
         return hidden, residual
+
+    def stage_input(self, input_ids: torch.Tensor | None, intermediate: tuple[torch.Tensor, torch.Tensor | None] | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What this stage's first layer takes: the embedded ids on the first stage
+        (residual None), the previous stage's (hidden, residual) on the others."""
+        if self.shard.is_first:
+            if input_ids is None:
+                raise ValueError("input_ids is required on the first pipeline stage")
+            return self.embed(input_ids), None
+        if intermediate is None:
+            raise ValueError("intermediate (hidden, residual) is required after the first stage")
+        return intermediate
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The first stage's input rows for `input_ids` (a family may scale them)."""
