@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from sarathi_rt import _C, ops
+from sarathi_rt.utils.cpu import KERNEL_LEVEL
 
 from conftest import ATOL
 from test_linear_cpu import _kernel as _ours, _reference
 
-KERNEL_LEVELS = ["base", "avx2", "avx512"]
+KERNEL_LEVELS = list(dict.fromkeys(KERNEL_LEVEL.values()))
 RUNNABLE = KERNEL_LEVELS[:KERNEL_LEVELS.index(_C.cpu_isa_native()) + 1]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 linear_module = importlib.import_module("sarathi_rt.ops.linear")  # sarathi_rt.ops.linear is also the function

@@ -81,8 +81,9 @@ def _is_amd(path: str = str(CPUINFO)) -> bool:
 
 
 # The rule of the module docstring, fixed when the module loads: the ISA level is the
-# process's (SARATHI_RT_CPU_ISA applies when the core loads, before this module).
-_OURS_FLOAT32 = _is_amd() and _C.cpu_isa() in ("avx2", "avx512")
+# process's (SARATHI_RT_CPU_ISA applies when the core loads, before this module); our
+# kernel is vectorized at every level above base.
+_OURS_FLOAT32 = _is_amd() and _C.cpu_isa() != "base"
 
 
 def _streams_weight(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
