@@ -317,6 +317,7 @@ def test_rejection_sampling_keeps_the_target_distribution(monkeypatch: pytest.Mo
         return lengths
 
     monkeypatch.setattr(base, "speculation_lengths", every_proposal)
+    monkeypatch.setattr(base, "draft_floor", lambda *_, **__: 0.0)  # every decode is asked to propose
 
     prompt = PROMPTS[0]
     seeds = range(600)
@@ -375,3 +376,4 @@ def test_metrics_export_proposed_accepted_and_the_rate(plain: list[list[int]]) -
     assert m[f"{PREFIX}spec_decode_num_draft_tokens_total"] == drafted > 0
     assert m[f"{PREFIX}spec_decode_num_accepted_tokens_total"] == accepted > 0
     assert m[f"{PREFIX}spec_decode_acceptance_rate"] == pytest.approx(accepted / drafted)
+

@@ -303,13 +303,15 @@ class LLMEngine:
         return True
 
     def _propose(self) -> None:
-        """Every decoding sample's proposals for the next plan (the scheduler uses them
-        for those it decodes in it). At most max_tokens - 1 beyond the output: a decode
+        """Proposals for the next plan, from the decodes the scheduler could allot drafts
+        to (Scheduler.speculation_candidates: none with many decodes, so such steps pay
+        nothing for speculating). At most max_tokens - 1 beyond the output: a decode
         generates its accepted proposals and one token more."""
         assert self.proposer is not None
         with nvtx_range("propose"):
-            for seq in self._seqs.values():
-                if not seq.output or seq.grammar is not None:
+            for key in self.scheduler.speculation_candidates():
+                seq = self._seqs[key]
+                if seq.grammar is not None:
                     continue
                 room = seq.max_new_tokens - len(seq.output) - 1
                 seq.draft = self.proposer.propose(seq)[:room] if room > 0 else []
