@@ -35,8 +35,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sarathi_rt.scheduler import BatchPlan, PlanEntry
-from sarathi_rt.scheduler.speculation import (MIN_GAIN, AcceptanceEstimate, SpecCandidate, expected_tokens,
-                                              speculation_lengths)
+from sarathi_rt.scheduler.speculation import (MIN_GAIN, AcceptanceEstimate, SpecCandidate, draft_floor,
+                                              expected_tokens, speculation_lengths)
 from sarathi_rt.sim.cost import VidurCostModel
 from sarathi_rt.sim.speculation import AcceptanceDistribution, draw_accepted, run_decodes
 from sarathi_rt.step_time.online import OnlineStepTimeModel
@@ -107,6 +107,27 @@ def test_fades_out_as_decodes_grow(acceptance: float, k: int, fixed: float, per_
     assert all(b <= a + 1e-12 for a, b in zip(per_decode, per_decode[1:])), per_decode
     if fixed + per_token * 512 > target:
         assert per_decode[-1] == 0
+
+
+@PROPERTY
+@given(cands=candidates_st.filter(bool), budget=st.integers(-5, 600), fixed=st.floats(0.001, 0.1),
+       per_token=st.floats(1e-6, 1e-3), curve=st.floats(0.0, 1e-5), target=st.one_of(st.none(), st.floats(0.001, 0.2)),
+       waiting=st.integers(0, 5000))
+def test_the_floor_is_never_above_an_allotted_decode(cands: list[SpecCandidate], budget: int, fixed: float,
+                                                     per_token: float, curve: float, target: float | None,
+                                                     waiting: int) -> None:
+    """For a step time convex in its draft rows, every decode the rule allots a draft has
+    an acceptance at or above draft_floor, so asking only those to propose loses nothing;
+    a floor above 1 means the rule allots no draft at all."""
+    def step_time(extra: int) -> float:
+        return fixed + per_token * extra + curve * extra * extra
+
+    kw = dict(step_time=step_time, time_target=target, prefill_waiting=waiting)
+    floor = draft_floor(len(cands), budget, **kw)
+    lengths = speculation_lengths(cands, budget, **kw)
+    assert all(c.acceptance >= floor for d, c in zip(lengths, cands) if d)
+    if floor > 1.0:
+        assert sum(lengths) == 0
 
 
 def test_grows_to_k_with_few_decodes() -> None:

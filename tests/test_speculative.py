@@ -328,6 +328,7 @@ def test_rejection_sampling_keeps_the_target_distribution(monkeypatch: pytest.Mo
         return lengths
 
     monkeypatch.setattr(base, "speculation_lengths", every_proposal)
+    monkeypatch.setattr(base, "draft_floor", lambda *_, **__: 0.0)  # every decode is asked to propose
 
     prompt = PROMPTS[0]
     seeds = range(600)
@@ -386,3 +387,62 @@ def test_metrics_export_proposed_accepted_and_the_rate(plain: list[list[int]]) -
     assert m[f"{PREFIX}spec_decode_num_draft_tokens_total"] == drafted > 0
     assert m[f"{PREFIX}spec_decode_num_accepted_tokens_total"] == accepted > 0
     assert m[f"{PREFIX}spec_decode_acceptance_rate"] == pytest.approx(accepted / drafted)
+
+
+def test_n_samples_each_verify_their_own_proposals(plain: list[list[int]]) -> None:
+    """n = 3 samples of each prompt drawn at temperature 1 with top_k = 1 (the random
+    path of the sampler, rejection sampling included, with a point-mass distribution):
+    each sample is asked for proposals at its own position and verifies them, and every
+    sample's tokens are the greedy ones."""
+    params = SamplingParams(max_tokens=30, ignore_eos=True, temperature=1.0, top_k=1, n=3, seed=5)
+    llm = _llm(NGRAM)
+    _oracle(llm, plain, len(PROMPTS), every=4)
+    got = llm.generate(PROMPTS, params, use_tqdm=False)
+    for ref, out in zip(plain, got):
+        assert [list(s.token_ids) for s in out.outputs] == [ref] * 3
+    samples = [s for out in got for s in out.outputs]
+    assert any(s.index > 0 and s.num_accepted_tokens > 0 for s in samples)  # a forked sample speculated
+    assert 0 < sum(s.num_accepted_tokens for s in samples) < sum(s.num_draft_tokens for s in samples)
+    assert _all_free(llm)
+
+
+def test_stop_strings_end_speculating_requests_where_plain_decoding_does(plain: list[list[int]]) -> None:
+    """A stop string that a step's accepted proposals run past: the output ends where
+    plain decoding's does, with the same text, and the tokens after it are dropped."""
+    from text_models import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    stop = tokenizer.decode(plain[0][14:16])
+    params = SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0, stop=[stop])
+    ref = _llm(tokenizer=tokenizer).generate(PROMPTS, params, use_tqdm=False)
+    llm = _llm(NGRAM, tokenizer=tokenizer)
+    _oracle(llm, plain, len(PROMPTS), every=5)
+    got = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [(list(o.token_ids), o.text, o.finish_reason) for o in got] == \
+        [(list(o.token_ids), o.text, o.finish_reason) for o in ref]
+    assert got[0].finish_reason == "stop" and len(got[0].token_ids) < 30
+    assert sum(o.num_accepted_tokens for o in got) > 0
+    assert _all_free(llm)
+
+
+def test_structured_requests_do_not_speculate(plain: list[list[int]]) -> None:
+    """A request with a json_schema is never asked for proposals (its grammar would have
+    to judge each one): it verifies none and generates what it does without speculation,
+    while a free request beside it speculates as usual."""
+    pytest.importorskip("xgrammar")
+    import json
+    from text_models import tiny_tokenizer
+
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    params = [SamplingParams(max_tokens=40, temperature=0.0, json_schema=schema),
+              SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0)]
+    prompts = PROMPTS[:2]
+    ref = _llm(tokenizer=tiny_tokenizer()).generate(prompts, params, use_tqdm=False)
+    llm = _llm(NGRAM, tokenizer=tiny_tokenizer())
+    oracle = _oracle(llm, plain, 2)
+    oracle.truth["llm-0"] = list(ref[0].token_ids)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [list(o.token_ids) for o in got] == [list(o.token_ids) for o in ref]
+    assert got[0].num_draft_tokens == 0 and got[0].finish_reason == ref[0].finish_reason
+    assert got[1].num_accepted_tokens > 0
+    assert _all_free(llm)

@@ -312,12 +312,14 @@ class LLMEngine:
         return True
 
     def _propose(self) -> None:
-        """Every decoding sample's proposals for the next plan (the scheduler uses them
-        for those it decodes in it). At most max_tokens - 1 beyond the output: a decode
+        """Proposals for the next plan, from the decodes the scheduler could allot drafts
+        to (Scheduler.speculation_candidates: none with many decodes, so such steps pay
+        nothing for speculating). At most max_tokens - 1 beyond the output: a decode
         generates its accepted proposals and one token more."""
         assert self.proposer is not None
         with nvtx_range("propose"):
-            seqs = [seq for seq in self._seqs.values() if seq.output and seq.grammar is None]
+            seqs = [seq for seq in map(self._seqs.__getitem__, self.scheduler.speculation_candidates())
+                    if seq.grammar is None]
             rooms = [seq.max_new_tokens - len(seq.output) - 1 for seq in seqs]
             for seq, draft in zip(seqs, self.proposer.propose_batch(seqs, rooms)):
                 seq.draft = draft

@@ -17,7 +17,7 @@ from .prefix_cache import PrefixCacheStats, block_hashes, next_block_hash
 from .qos import class_of
 from .registry import get_policy
 from .request import Request, RequestInfo, RequestStatus
-from .speculation import SpecCandidate, speculation_lengths
+from .speculation import SpecCandidate, draft_floor, speculation_lengths
 from sarathi_rt.step_time import StepShape, StepTimeModel
 from sarathi_rt.utils.checks import non_negative_int, positive_int
 
@@ -63,9 +63,9 @@ class Scheduler(ABC):
         self.step_time_model = step_time_model
         self._blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self._live: dict[Hashable, Request] = {}
-        # Whether set_proposals was ever called: a scheduler nobody proposes to skips
-        # the speculation pass over its decodes every step.
-        self._speculating = False
+        # The requests given proposals (set_proposals) for the next schedule(), which
+        # forgets them: with none, a step skips the speculation pass over its decodes.
+        self._proposed: list[Request] = []
         self._done: dict[Hashable, Request] = {}  # kept for request_info until release
         self._waiting: deque[Request] = deque()  # sorted by arrival (FCFS)
         self._running: dict[Hashable, Request] = {}  # admission order == arrival order
@@ -158,6 +158,9 @@ class Scheduler(ABC):
         if tile:
             plan.tile_padding = -plan.num_tokens % tile
         self._pending[plan.step] = b.reqs
+        for req in self._proposed:
+            req.proposals = 0
+        self._proposed.clear()
         return plan
 
     def update(self, plan: BatchPlan, stopped: Collection[Hashable] = (),
@@ -452,49 +455,78 @@ class Scheduler(ABC):
                 self._add(b, req, 1)
         self._add_drafts(b, first)
 
+    def speculation_candidates(self) -> list[Hashable]:
+        """The decodes the next plan could allot drafts to (speculative decoding): those
+        it will carry (running past their prompt, not in a plan in flight) with room for
+        a draft under max_new_tokens and an acceptance estimate at or above the rule's
+        floor (`draft_floor`: the price of one draft in a step of those decodes). Empty
+        when not even the best could get one, as with many decodes: ask the proposer for
+        these only, and the step pays nothing per decode for speculating."""
+        decodes = [r for r in self._running.values() if not r.in_flight and r.num_computed >= r.prefill_target]
+        if not decodes:
+            return []
+        budget_left = self.config.token_budget - len(decodes)
+        floor = draft_floor(len(decodes), budget_left, step_time=self._decodes_step_time(decodes),
+                            time_target=self.config.tbt_slo, prefill_waiting=self._prefill_waiting(budget_left))
+        if floor > 1.0:
+            return []
+        return [r.request_id for r in decodes
+                if r.num_generated + 1 < r.max_new_tokens and r.acceptance.rate() >= floor]
+
+    def _decodes_step_time(self, decodes: Sequence[Request]) -> Callable[[int], float] | None:
+        """A step of `decodes` alone with `extra` draft rows, as `_draft_step_time` prices it."""
+        model = self.step_time_model
+        if model is None:
+            return None
+        kv = sum(r.num_computed for r in decodes)
+        shape = StepShape(num_decodes=len(decodes), decode_kv=kv + len(decodes), num_sampled=len(decodes))
+        if not math.isfinite(model.predict_shape(shape)):
+            return None
+        context = kv // len(decodes)
+        return lambda extra: model.predict_shape(shape.with_drafts(extra, context))
+
     def set_proposals(self, request_id: Hashable, n: int) -> None:
         """Speculative decoding: the request has `n` proposed tokens for its next decode.
-        The next plan that decodes it verifies up to `n` of them (PlanEntry.num_draft, as
-        many as `speculation_lengths` allots from the budget, the TBT target and the
-        request's acceptance so far), then forgets `n`: call it before every schedule()."""
+        The next schedule() verifies up to `n` of them if it decodes the request
+        (PlanEntry.num_draft, as many as `speculation_lengths` allots from the budget,
+        the TBT target and the request's acceptance so far), then forgets `n`: call it
+        before every schedule()."""
         req = self._live.get(request_id)
         if req is None:
             raise ValueError(f"request_id {request_id!r} is not scheduled")
         req.proposals = non_negative_int("n", n)
-        self._speculating = True
+        if n:
+            self._proposed.append(req)
 
     def _add_drafts(self, b: StepBuilder, first: int) -> None:
         """Grow the decode entries from b.plan.entries[first] on by the proposals they
         verify. A verifying decode generates up to 1 + num_draft tokens, so it never
         verifies more than max_new_tokens leaves; proposals take budget after every
         decode's own token, and blocks beyond the watermark only (never a preemption)."""
-        if not self._speculating:
+        if not self._proposed:
             return
         entries = b.plan.entries[first:]
         reqs = b.reqs[first:]
-        if any(req.proposals for req in reqs):
-            # Every decode is a candidate, with or without proposals: each one waits on the
-            # step, which is what a draft's time costs in the rule.
-            candidates = [SpecCandidate(max(0, min(req.proposals, req.max_new_tokens - req.num_generated - 1)),
-                                        req.acceptance.rate()) for req in reqs]
-            lengths = speculation_lengths(candidates, b.budget_left, step_time=self._draft_step_time(b, entries),
-                                          time_target=self.config.tbt_slo,
-                                          prefill_waiting=self._prefill_waiting(b.budget_left))
-            bs = self.config.block_size
-            spare = self._blocks.num_free - self.config.watermark_blocks
-            for req, entry, d in zip(reqs, entries, lengths):
-                d = min(d, (len(req.blocks) + max(spare, 0)) * bs - req.num_computed - 1)
-                if d <= 0:
-                    continue
-                need = self._blocks.blocks_for(req.num_computed + 1 + d) - len(req.blocks)
-                if need > 0:
-                    req.blocks += self._blocks.take(need)
-                    spare -= need
-                entry.num_tokens += d
-                entry.num_draft = d
-                b.plan.num_decode_tokens += d
-        for req in reqs:
-            req.proposals = 0
+        # Every decode is a candidate, with or without proposals: each one waits on the
+        # step, which is what a draft's time costs in the rule.
+        candidates = [SpecCandidate(max(0, min(req.proposals, req.max_new_tokens - req.num_generated - 1)),
+                                    req.acceptance.rate()) for req in reqs]
+        lengths = speculation_lengths(candidates, b.budget_left, step_time=self._draft_step_time(b, entries),
+                                      time_target=self.config.tbt_slo,
+                                      prefill_waiting=self._prefill_waiting(b.budget_left))
+        bs = self.config.block_size
+        spare = self._blocks.num_free - self.config.watermark_blocks
+        for req, entry, d in zip(reqs, entries, lengths):
+            d = min(d, (len(req.blocks) + max(spare, 0)) * bs - req.num_computed - 1)
+            if d <= 0:
+                continue
+            need = self._blocks.blocks_for(req.num_computed + 1 + d) - len(req.blocks)
+            if need > 0:
+                req.blocks += self._blocks.take(need)
+                spare -= need
+            entry.num_tokens += d
+            entry.num_draft = d
+            b.plan.num_decode_tokens += d
 
     def _draft_step_time(self, b: StepBuilder, decodes: Sequence[PlanEntry]) -> Callable[[int], float] | None:
         """The step's predicted seconds with `extra` draft rows on `decodes` (priced as

@@ -47,6 +47,7 @@ token is allotted while
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -133,23 +134,11 @@ def speculation_lengths(candidates: Sequence[SpecCandidate], budget_left: int, *
     cap = min(max(budget_left, 0), len(drafts))
     if cap == 0:
         return lengths
-    base = step_time(0) if step_time is not None else 0.0
-    if time_target is not None and step_time is not None and base > time_target:
-        return lengths
-    waiters = len(candidates) + (prefill_waiting > 0)
-    free_room = budget_left - prefill_waiting
-    displaced_cost = min(1.0, prefill_waiting / budget_left ** 2)
+    price = _DraftPrice(len(candidates), budget_left, step_time, time_target, prefill_waiting)
 
     def passes(n: int) -> bool:
         """Does the n-th draft (the smallest gain of the first n) pass every bar?"""
-        cost = displaced_cost if n > free_room else 0.0
-        if step_time is not None:
-            t = step_time(n)
-            if time_target is not None and t > time_target:
-                return False
-            if base > 0:
-                cost += waiters * max(t - base, 0.0) / (n * base)
-        return drafts[n - 1][0] >= max(cost, MIN_GAIN)
+        return drafts[n - 1][0] >= price(n)
 
     # Gains fall with n and, for a step time convex in its tokens, costs grow: the n that
     # pass form a prefix, found by binary search. A measured step time is a staircase
@@ -168,6 +157,53 @@ def speculation_lengths(candidates: Sequence[SpecCandidate], budget_left: int, *
     return lengths
 
 
+def draft_floor(num_decodes: int, budget_left: int, *, step_time: Callable[[int], float] | None = None,
+                time_target: float | None = None, prefill_waiting: int = 0) -> float:
+    """The least acceptance estimate a decode must have for `speculation_lengths`, given
+    a step of `num_decodes` decodes and the same arguments, to allot it any draft; inf
+    when no decode can get one. Cheap (one or two step-time forecasts), so the engine
+    asks the proposer only for the decodes at or above it.
+
+    Why it is a floor: a decode of acceptance a brings at most a per draft, and a draft
+    is allotted only as part of the first n whose n-th, gaining no more than a, passes
+    the price of n drafts. The displaced-prefill term only grows with n, and so does the
+    time term (the mean time a draft adds) when the step time is convex in its draft
+    rows: then no n prices below n = 1. The engine's online model is convex so (a
+    non-negative linear fit of features linear or convex in the draft count), except
+    where a forecast first passes the largest step it has seen and jumps to that step
+    scaled up: there the floor can withhold drafts the rule would allot, which costs
+    speed, never an output token. A staircase model (a measured tile profile) is not
+    convex; the simulator, which uses those, proposes for every decode."""
+    if budget_left < 1:
+        return math.inf
+    return _DraftPrice(num_decodes, budget_left, step_time, time_target, prefill_waiting)(1)
+
+
+class _DraftPrice:
+    """What the n-th draft of a step must gain, in request-steps, to be allotted (the
+    bars of the module docstring; inf when n drafts break the TBT target)."""
+
+    __slots__ = ("step_time", "time_target", "base", "waiters", "free_room", "displaced")
+
+    def __init__(self, num_decodes: int, budget_left: int, step_time: Callable[[int], float] | None,
+                 time_target: float | None, prefill_waiting: int) -> None:
+        self.step_time, self.time_target = step_time, time_target
+        self.base = step_time(0) if step_time is not None else 0.0
+        self.waiters = num_decodes + (prefill_waiting > 0)
+        self.free_room = budget_left - prefill_waiting
+        self.displaced = min(1.0, prefill_waiting / budget_left ** 2)
+
+    def __call__(self, n: int) -> float:
+        cost = self.displaced if n > self.free_room else 0.0
+        if self.step_time is not None:
+            t = self.step_time(n)
+            if self.time_target is not None and max(t, self.base) > self.time_target:
+                return math.inf
+            if self.base > 0:
+                cost += self.waiters * max(t - self.base, 0.0) / (n * self.base)
+        return max(cost, MIN_GAIN)
+
+
 def expected_tokens(acceptance: float, drafts: int) -> float:
     """Expected output tokens of a decode verifying `drafts` draft tokens at per-token
     acceptance `acceptance`: the target's own token plus a + a^2 + ... + a^drafts."""
@@ -176,4 +212,5 @@ def expected_tokens(acceptance: float, drafts: int) -> float:
     return (1.0 - acceptance ** (drafts + 1)) / (1.0 - acceptance)
 
 
-__all__ = ["AcceptanceEstimate", "MIN_GAIN", "SpecCandidate", "expected_tokens", "speculation_lengths"]
+__all__ = ["AcceptanceEstimate", "MIN_GAIN", "SpecCandidate", "draft_floor", "expected_tokens",
+           "speculation_lengths"]

@@ -21,7 +21,6 @@ lets the budget grow as it learns."""
 from __future__ import annotations
 
 import math
-from collections import deque
 import numpy as np
 
 from .shape import PlannedStep, StepShape
@@ -86,19 +85,24 @@ class OnlineStepTimeModel:
         if not isinstance(error_window, int) or not 8 <= error_window <= window:
             raise ValueError(f"error_window must be an int in [8, window], got {error_window!r}")
         self.quantile, self.min_observations = quantile, min_observations
-        self._x: deque[list[float]] = deque(maxlen=window)
-        self._y: deque[float] = deque(maxlen=window)
-        self._errors: deque[float] = deque(maxlen=error_window)
-        self._sizes: deque[float] = deque(maxlen=error_window)  # the fit's time of those steps
+        # Ring buffers, row num_observed % window written next: the fit reads them as they
+        # are (row order does not matter to least squares), so a refit copies no deque.
+        self._x = np.zeros((window, len(features(StepShape()))))
+        self._y = np.zeros(window)
+        self._errors = np.zeros(error_window)
+        self._sizes = np.zeros(error_window)  # the fit's time of those steps
+        self._num_errors = 0
         self._typical = 0.0  # median of _sizes: the smallest size an error is a share of
-        self._coef: np.ndarray | None = None
+        self._coef: list[float] | None = None
         self._guard = 0.0
         self._largest = (0, 0.0)  # (tokens, seconds) of the largest step seen
         self.num_observed = 0
 
     def _mean(self, shape: StepShape) -> float:
         assert self._coef is not None
-        return float(np.dot(self._coef, features(shape)))
+        # Six products in Python: cheaper than a numpy call, and the speculation rule and
+        # the adaptive budget ask it several times a step.
+        return sum(c * f for c, f in zip(self._coef, features(shape)))
 
     def _scaled_largest(self, num_tokens: int) -> float:
         tokens, seconds = self._largest
@@ -127,18 +131,27 @@ class OnlineStepTimeModel:
         shape = StepShape.of_plan(plan)
         if self._coef is not None:
             mean = self._mean(shape)
-            self._sizes.append(mean)
-            self._typical = float(np.median(np.array(self._sizes)))
             size = max(mean, self._typical)
             if size > 0:
-                self._errors.append((seconds - mean) / size)
+                slot = self._num_errors % len(self._errors)
+                self._sizes[slot] = mean
+                self._errors[slot] = (seconds - mean) / size
+                self._num_errors += 1
         tokens, largest = self._largest
         if shape.num_tokens > tokens or (shape.num_tokens == tokens and seconds > largest):
             self._largest = (shape.num_tokens, seconds)
-        self._x.append(features(shape))
-        self._y.append(seconds)
+        row = self.num_observed % len(self._y)
+        self._x[row] = features(shape)
+        self._y[row] = seconds
         self.num_observed += 1
-        if self.num_observed <= 64 or self.num_observed % 8 == 0:  # refits get rarer once it is warm
-            self._coef = fit_nonnegative(np.array(self._x), np.array(self._y))
-        if self._errors:
-            self._guard = max(0.0, float(np.quantile(np.array(self._errors), self.quantile)))
+        # Refits get rarer once it is warm, and the guard and the typical size are derived
+        # with them (from errors measured every step): a guard at most 7 steps old trails
+        # a change of load by little beside error_window, and a step no longer pays for a
+        # median and a quantile over the window.
+        if self.num_observed <= 64 or self.num_observed % 8 == 0:
+            seen = min(self.num_observed, len(self._y))
+            self._coef = fit_nonnegative(self._x[:seen], self._y[:seen]).tolist()
+            errors = min(self._num_errors, len(self._errors))
+            if errors:
+                self._typical = float(np.median(self._sizes[:errors]))
+                self._guard = max(0.0, float(np.quantile(self._errors[:errors], self.quantile)))
