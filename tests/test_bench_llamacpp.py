@@ -79,7 +79,7 @@ def test_the_table_shows_medians_and_their_ratio() -> None:
     lines = summarize(runs, "ours", "peer")
     assert any(line.split()[2:4] == ["ours", "120.0"] for line in lines)
     assert any(line.split()[2:4] == ["peer", "60.0"] for line in lines)
-    assert lines[-1] == "float32 all64: ratio ours / peer 2.00x (target >= 1.3x)"
+    assert lines[-1] == "float32 all64: ratio ours / peer 2.00x (target >= 1.5x)"
 
 
 def test_runs_on_a_busy_machine_are_flagged() -> None:
