@@ -318,7 +318,7 @@ def test_rejection_sampling_keeps_the_target_distribution(monkeypatch: pytest.Mo
     fade speculation out (tests/test_speculation_rule.py), and this test is about the
     sampler, not the rule."""
     from scipy.stats import chi2_contingency
-    from sarathi_rt.scheduler import base
+    from sarathi_rt.scheduler import drafting
 
     def every_proposal(candidates: list, budget_left: int, **_: object) -> list[int]:
         lengths = []
@@ -327,8 +327,8 @@ def test_rejection_sampling_keeps_the_target_distribution(monkeypatch: pytest.Mo
             budget_left -= lengths[-1]
         return lengths
 
-    monkeypatch.setattr(base, "speculation_lengths", every_proposal)
-    monkeypatch.setattr(base, "draft_floor", lambda *_, **__: 0.0)  # every decode is asked to propose
+    monkeypatch.setattr(drafting, "speculation_lengths", every_proposal)
+    monkeypatch.setattr(drafting, "draft_floor", lambda *_, **__: 0.0)  # every decode is asked to propose
 
     prompt = PROMPTS[0]
     seeds = range(600)

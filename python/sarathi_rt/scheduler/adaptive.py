@@ -9,7 +9,8 @@ import math
 from collections import deque
 from collections.abc import Iterable
 
-from .base import Scheduler, StepBuilder
+from .base import Scheduler
+from .batch_plan import StepBuilder
 from .request import Request, RequestStatus
 from sarathi_rt.step_time import StepShape, adaptive_prefill_tokens, fastest_chunk_alone
 

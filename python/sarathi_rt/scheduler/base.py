@@ -2,52 +2,28 @@
 shares. A policy only decides which requests run how many tokens in one step."""
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from abc import ABC, abstractmethod
 from array import array
 from collections import deque
-from typing import Callable, ClassVar, Collection, Hashable, Mapping, Sequence
+from typing import ClassVar, Collection, Hashable, Mapping, Sequence
 
 from .block_manager import BlockManager
 from .config import SchedulerConfig
-from .batch_plan import BatchPlan, PlanEntry
+from .batch_plan import BatchPlan, PlanEntry, StepBuilder
 from .prefix_cache import PrefixCacheStats, block_hashes, next_block_hash
 from .qos import class_of
 from .registry import get_policy
 from .request import Request, RequestInfo, RequestStatus
-from .speculation import SpecCandidate, draft_floor, speculation_lengths
-from sarathi_rt.step_time import StepShape, StepTimeModel
-from sarathi_rt.utils.checks import non_negative_int, positive_int
+from .drafting import Drafting
+from sarathi_rt.step_time import StepTimeModel
+from sarathi_rt.utils.checks import positive_int
 
 RUNNING = RequestStatus.RUNNING
 
 
-class StepBuilder:
-    """A plan under construction plus the scheduler-private facts about it."""
-
-    __slots__ = ("plan", "reqs", "budget", "made_room")
-
-    def __init__(self, step: int, budget: int) -> None:
-        self.plan = BatchPlan(step)
-        self.reqs: list[Request] = []  # parallel to plan.entries
-        self.budget = budget
-        self.made_room = False  # preempted on purpose to admit a tighter request (QoS)
-
-    @property
-    def budget_left(self) -> int:
-        return self.budget - self.plan.num_prefill_tokens - self.plan.num_decode_tokens
-
-    @property
-    def admission_open(self) -> bool:
-        # Admitting right after preempting would hand the blocks just freed to a
-        # newcomer and thrash; vLLM skips admission in such a step too. Unless the
-        # blocks were freed for that newcomer (the deadline policy making room).
-        return not self.plan.preempted or self.made_room
-
-
-class Scheduler(ABC):
+class Scheduler(Drafting, ABC):
     """Base of every policy. Subclasses implement `_build` and may tighten
     `check_config` / `_check_fits`."""
 
@@ -229,32 +205,6 @@ class Scheduler(ABC):
                     self._retire(req, RequestStatus.FINISHED)
                     finished.append(req.request_id)
         return finished
-
-    @staticmethod
-    def _check_accepted(accepted: Mapping[Hashable, int], drafts: Mapping[Hashable, int],
-                        token_ids: Mapping[Hashable, int | Sequence[int]] | None) -> Mapping[Hashable, int]:
-        """`accepted` checked against the plan's verifying entries (`drafts`: their
-        num_draft) and the tokens each generated."""
-        for request_id, n in accepted.items():
-            if request_id not in drafts:
-                raise ValueError(f"accepted names {request_id!r}, which verified no proposals in this plan")
-            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= drafts[request_id]:
-                raise ValueError(f"accepted[{request_id!r}] must be an int in [0, {drafts[request_id]}], got {n!r}")
-        for request_id, given in (token_ids or {}).items():
-            want = accepted.get(request_id, 0) + 1 if request_id in drafts else 1
-            count = len(given) if isinstance(given, Sequence) else 1
-            if count != want:
-                raise ValueError(f"token_ids[{request_id!r}] holds {count} tokens; the request generated {want}")
-        return accepted
-
-    def _roll_back(self, req: Request) -> None:
-        """After a verifying step, free the blocks only `req`'s rejected proposals needed;
-        their slots in the blocks kept are overwritten by the tokens that take those
-        positions later (attention never reads past num_computed)."""
-        keep = self._blocks.blocks_for(req.num_computed)
-        if len(req.blocks) > keep:
-            self._blocks.release(req.blocks[keep:])
-            del req.blocks[keep:]
 
     def _fork(self, parent: Request, stopped: Collection[Hashable],
               token_ids: Mapping[Hashable, int] | None) -> list[Hashable]:
@@ -454,103 +404,6 @@ class Scheduler(ABC):
                     req.blocks.extend(self._blocks.take(1))
                 self._add(b, req, 1)
         self._add_drafts(b, first)
-
-    def speculation_candidates(self) -> list[Hashable]:
-        """The decodes the next plan could allot drafts to (speculative decoding): those
-        it will carry (running past their prompt, not in a plan in flight) with room for
-        a draft under max_new_tokens and an acceptance estimate at or above the rule's
-        floor (`draft_floor`: the price of one draft in a step of those decodes). Empty
-        when not even the best could get one, as with many decodes: ask the proposer for
-        these only, and the step pays nothing per decode for speculating."""
-        decodes = [r for r in self._running.values() if not r.in_flight and r.num_computed >= r.prefill_target]
-        if not decodes:
-            return []
-        budget_left = self.config.token_budget - len(decodes)
-        floor = draft_floor(len(decodes), budget_left, step_time=self._decodes_step_time(decodes),
-                            time_target=self.config.tbt_slo, prefill_waiting=self._prefill_waiting(budget_left))
-        if floor > 1.0:
-            return []
-        return [r.request_id for r in decodes
-                if r.num_generated + 1 < r.max_new_tokens and r.acceptance.rate() >= floor]
-
-    def _decodes_step_time(self, decodes: Sequence[Request]) -> Callable[[int], float] | None:
-        """A step of `decodes` alone with `extra` draft rows, as `_draft_step_time` prices it."""
-        model = self.step_time_model
-        if model is None:
-            return None
-        kv = sum(r.num_computed for r in decodes)
-        shape = StepShape(num_decodes=len(decodes), decode_kv=kv + len(decodes), num_sampled=len(decodes))
-        if not math.isfinite(model.predict_shape(shape)):
-            return None
-        context = kv // len(decodes)
-        return lambda extra: model.predict_shape(shape.with_drafts(extra, context))
-
-    def set_proposals(self, request_id: Hashable, n: int) -> None:
-        """Speculative decoding: the request has `n` proposed tokens for its next decode.
-        The next schedule() verifies up to `n` of them if it decodes the request
-        (PlanEntry.num_draft, as many as `speculation_lengths` allots from the budget,
-        the TBT target and the request's acceptance so far), then forgets `n`: call it
-        before every schedule()."""
-        req = self._live.get(request_id)
-        if req is None:
-            raise ValueError(f"request_id {request_id!r} is not scheduled")
-        req.proposals = non_negative_int("n", n)
-        if n:
-            self._proposed.append(req)
-
-    def _add_drafts(self, b: StepBuilder, first: int) -> None:
-        """Grow the decode entries from b.plan.entries[first] on by the proposals they
-        verify. A verifying decode generates up to 1 + num_draft tokens, so it never
-        verifies more than max_new_tokens leaves; proposals take budget after every
-        decode's own token, and blocks beyond the watermark only (never a preemption)."""
-        if not self._proposed:
-            return
-        entries = b.plan.entries[first:]
-        reqs = b.reqs[first:]
-        # Every decode is a candidate, with or without proposals: each one waits on the
-        # step, which is what a draft's time costs in the rule.
-        candidates = [SpecCandidate(max(0, min(req.proposals, req.max_new_tokens - req.num_generated - 1)),
-                                    req.acceptance.rate()) for req in reqs]
-        lengths = speculation_lengths(candidates, b.budget_left, step_time=self._draft_step_time(b, entries),
-                                      time_target=self.config.tbt_slo,
-                                      prefill_waiting=self._prefill_waiting(b.budget_left))
-        bs = self.config.block_size
-        spare = self._blocks.num_free - self.config.watermark_blocks
-        for req, entry, d in zip(reqs, entries, lengths):
-            d = min(d, (len(req.blocks) + max(spare, 0)) * bs - req.num_computed - 1)
-            if d <= 0:
-                continue
-            need = self._blocks.blocks_for(req.num_computed + 1 + d) - len(req.blocks)
-            if need > 0:
-                req.blocks += self._blocks.take(need)
-                spare -= need
-            entry.num_tokens += d
-            entry.num_draft = d
-            b.plan.num_decode_tokens += d
-
-    def _draft_step_time(self, b: StepBuilder, decodes: Sequence[PlanEntry]) -> Callable[[int], float] | None:
-        """The step's predicted seconds with `extra` draft rows on `decodes` (priced as
-        causal-chunk rows over their mean context, each sampled); None without a model,
-        or one that cannot predict yet (an engine's before its first step)."""
-        model = self.step_time_model
-        if model is None or not decodes:
-            return None
-        shape = StepShape.of_plan(b.plan)
-        if not math.isfinite(model.predict_shape(shape)):
-            return None
-        context = sum(e.start_pos for e in decodes) // len(decodes)
-        return lambda extra: model.predict_shape(shape.with_drafts(extra, context))
-
-    def _prefill_waiting(self, budget_left: int) -> int:
-        """Prompt tokens waiting or mid-prefill, counted up to where the speculation rule
-        stops telling them apart (budget_left**2: a displaced token's cost is capped)."""
-        cap = max(budget_left, 1) ** 2
-        total = 0
-        for req in itertools.chain(self._running.values(), self._waiting):
-            total += max(req.prefill_target - req.num_computed, 0)
-            if total >= cap:
-                break
-        return total
 
     def _victim(self) -> Request:
         """The running request outside every plan to preempt: the most recently arrived;

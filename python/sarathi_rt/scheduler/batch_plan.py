@@ -1,8 +1,11 @@
-"""What one step runs: the scheduler's only output to an engine or simulator."""
+"""What one step runs (BatchPlan, the scheduler's only output to an engine or simulator),
+and StepBuilder, a plan under construction with the scheduler's private facts about it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Hashable
+
+from .request import Request
 
 
 @dataclass(slots=True)
@@ -48,3 +51,26 @@ class BatchPlan:
     @property
     def is_empty(self) -> bool:
         return not self.entries
+
+
+class StepBuilder:
+    """A plan under construction plus the scheduler-private facts about it."""
+
+    __slots__ = ("plan", "reqs", "budget", "made_room")
+
+    def __init__(self, step: int, budget: int) -> None:
+        self.plan = BatchPlan(step)
+        self.reqs: list[Request] = []  # parallel to plan.entries
+        self.budget = budget
+        self.made_room = False  # preempted on purpose to admit a tighter request (QoS)
+
+    @property
+    def budget_left(self) -> int:
+        return self.budget - self.plan.num_prefill_tokens - self.plan.num_decode_tokens
+
+    @property
+    def admission_open(self) -> bool:
+        # Admitting right after preempting would hand the blocks just freed to a
+        # newcomer and thrash; vLLM skips admission in such a step too. Unless the
+        # blocks were freed for that newcomer (the deadline policy making room).
+        return not self.plan.preempted or self.made_room

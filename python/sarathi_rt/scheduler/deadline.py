@@ -11,7 +11,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from .adaptive import AdaptiveBudget
-from .base import Scheduler, StepBuilder
+from .base import Scheduler
+from .batch_plan import StepBuilder
 from .request import Request, RequestStatus
 from sarathi_rt.step_time import StepShape, StepTimeModel, adaptive_prefill_tokens
 

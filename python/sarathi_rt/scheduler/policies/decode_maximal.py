@@ -1,7 +1,8 @@
 """The original Sarathi: decode-maximal batching with one prefill chunk per step."""
 from __future__ import annotations
 
-from ..base import Scheduler, StepBuilder
+from ..base import Scheduler
+from ..batch_plan import StepBuilder
 from ..registry import register_policy
 from ..request import RequestStatus
 

@@ -1,7 +1,8 @@
 """Orca: iteration-level hybrid batches with whole (unchunked) prefills."""
 from __future__ import annotations
 
-from ..base import Scheduler, StepBuilder
+from ..base import Scheduler
+from ..batch_plan import StepBuilder
 from ..registry import register_policy
 
 

@@ -1,7 +1,8 @@
 """FasterTransformer-style request-level batching."""
 from __future__ import annotations
 
-from ..base import Scheduler, StepBuilder
+from ..base import Scheduler
+from ..batch_plan import StepBuilder
 from ..config import SchedulerConfig
 from ..registry import register_policy
 

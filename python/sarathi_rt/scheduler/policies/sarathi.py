@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any, Hashable
 
 from ..adaptive import AdaptiveBudget
-from ..base import Scheduler, StepBuilder
+from ..base import Scheduler
+from ..batch_plan import StepBuilder
 from ..deadline import DeadlinePlanner
 from ..request import Request, RequestStatus
 from ..registry import register_policy

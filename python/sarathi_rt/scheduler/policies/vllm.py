@@ -1,7 +1,8 @@
 """vLLM before chunked prefill: prefill-prioritizing, whole prompts."""
 from __future__ import annotations
 
-from ..base import Scheduler, StepBuilder
+from ..base import Scheduler
+from ..batch_plan import StepBuilder
 from ..config import SchedulerConfig
 from ..registry import register_policy
 
