@@ -14,7 +14,7 @@ import sarathi_rt.config.tree
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.cli import main
 from sarathi_rt.engine import EngineConfig, worker
-from sarathi_rt.utils.cpu import BF16_FLAGS, bf16_forced, cpu_dtype, cpu_flags, missing_bf16
+from sarathi_rt.utils.cpu import BF16_FLAGS, bf16_forced, cpu_dtype, cpu_flags, is_amd, missing_bf16
 
 WITH_BF16 = [{"avx2", "avx512f", "avx512_bf16"}, {"avx2", "amx_bf16", "amx_tile"}]
 WITHOUT_BF16 = [set(), {"avx2", "fma", "avx512f", "avx512_vnni"}]
@@ -131,3 +131,11 @@ def test_serve_and_bench_leave_the_dtype_to_the_rule() -> None:
     args = parser.parse_args(["bench", "--model", "tiny"])
     fill_defaults(args)
     assert "dtype" not in args.options  # EngineConfig applies the rule
+
+
+@pytest.mark.parametrize("vendor, amd", [("AuthenticAMD", True), ("GenuineIntel", False)])
+def test_is_amd_reads_the_vendor(tmp_path: Path, vendor: str, amd: bool) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu avx2\n")
+    assert is_amd(info) is amd
+    assert is_amd(tmp_path / "missing") is False

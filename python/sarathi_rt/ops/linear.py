@@ -47,7 +47,7 @@ from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
 from sarathi_rt.ops._registry import KERNELS, native_op
 from sarathi_rt.ops.gemm_plan import gemm_plan
-from sarathi_rt.utils.cpu import CPUINFO
+from sarathi_rt.utils.cpu import is_amd
 
 _FLOATS = tuple(DTYPE_CODES)
 _ALIGN = 8  # elements per 16-byte vector of a 16-bit dtype
@@ -72,18 +72,10 @@ _STREAMED_WEIGHT_BYTES = 16 << 20
 _CPU_ROW_TILE = 16
 
 
-def _is_amd(path: str = str(CPUINFO)) -> bool:
-    try:
-        with open(path) as f:
-            return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
-    except OSError:
-        return False
-
-
 # The rule of the module docstring, fixed when the module loads: the ISA level is the
 # process's (SARATHI_RT_CPU_ISA applies when the core loads, before this module); our
 # kernel is vectorized at every level above base.
-_OURS_FLOAT32 = _is_amd() and _C.cpu_isa() != "base"
+_OURS_FLOAT32 = is_amd() and _C.cpu_isa() != "base"
 
 
 def _streams_weight(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -64,6 +64,16 @@ def native_flags(path: Path = CPUINFO) -> set[str]:
     return set()
 
 
+def is_amd(path: Path = CPUINFO) -> bool:
+    """Whether the CPU is AMD's (its vendor_id): MKL, torch's float32 GEMM, runs slower
+    code there, which decides the CPU linear's kernel (ops/linear.py)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in text.splitlines())
+
+
 def native_isa(flags: Iterable[str]) -> str:
     """The highest of ISA_LEVELS whose flags (and those of every level below) are in `flags`."""
     have, level = set(flags), "base"
