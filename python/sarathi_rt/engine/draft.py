@@ -166,9 +166,7 @@ class DraftProposer:
         while held < min(len(state.tokens), length - 1) and state.tokens[held] == _token_at(seq, held):
             held += 1
         del state.tokens[held:]
-        keep = self.blocks.blocks_for(held)
-        self.blocks.release(state.blocks[keep:])
-        del state.blocks[keep:]
+        self.blocks.truncate(state.blocks, held)
         return held
 
     def _forward(self, chunks: list[SequenceChunk]) -> list[int]:

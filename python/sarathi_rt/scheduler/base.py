@@ -189,7 +189,9 @@ class Scheduler(Drafting, ABC):
             req.num_computed += entry.num_tokens - entry.num_draft + kept
             if entry.num_draft:
                 req.acceptance.record(entry.num_draft, kept)
-                self._roll_back(req)
+                # The blocks only rejected drafts needed; their slots in the blocks kept are
+                # overwritten later (attention never reads past num_computed).
+                self._blocks.truncate(req.blocks, req.num_computed)
             if req.num_keyed < len(req.block_keys):
                 self._register_computed(req)
             if entry.emits_token:

@@ -55,6 +55,14 @@ class BlockManager:
         blocks.extend(self.take(need))
         return True
 
+    def truncate(self, blocks: list[int], num_tokens: int) -> None:
+        """Shrink `blocks` to those `num_tokens` tokens need, freeing the rest (a rollback
+        of speculated tokens: their slots in the blocks kept are simply overwritten)."""
+        keep = self.blocks_for(num_tokens)
+        if len(blocks) > keep:
+            self.release(blocks[keep:])
+            del blocks[keep:]
+
     def take(self, n: int) -> list[int]:
         """n fresh blocks; the caller has checked num_free."""
         ids = self._alloc.allocate(n)

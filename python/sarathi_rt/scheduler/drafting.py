@@ -142,12 +142,3 @@ class Drafting:
             if count != want:
                 raise ValueError(f"token_ids[{request_id!r}] holds {count} tokens; the request generated {want}")
         return accepted
-
-    def _roll_back(self, req: Request) -> None:
-        """After a verifying step, free the blocks only `req`'s rejected proposals needed;
-        their slots in the blocks kept are overwritten by the tokens that take those
-        positions later (attention never reads past num_computed)."""
-        keep = self._blocks.blocks_for(req.num_computed)
-        if len(req.blocks) > keep:
-            self._blocks.release(req.blocks[keep:])
-            del req.blocks[keep:]
