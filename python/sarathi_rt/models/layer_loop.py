@@ -12,7 +12,7 @@ kernels and torch's GEMMs (`mm`/`addmm` with `out=`) on them.
 It computes what the eager layers compute, bit for bit: the same kernels on the same
 rows, and the GEMMs by `ops/linear.py`'s rule for the CPU: a weight that `_streams_weight`
 picks runs our streamed kernel on the step's rows; any other runs torch's GEMM on the
-rows padded with zero rows to a multiple of `_CPU_ROW_TILE`, which is what keeps a
+rows padded with zero rows as `cpu_padded_rows` says, which is what keeps a
 row's bits independent of the batch (the workspaces' padding rows are zero from their
 allocation and no kernel writes them; `mm`/`addmm` into `out=` is what `F.linear` runs
 for 2-D inputs). tests/test_layer_loop.py compares the two paths on decode, prefill
@@ -34,7 +34,7 @@ import torch
 from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES
 from sarathi_rt.ops._registry import KERNELS
-from sarathi_rt.ops.linear import _CPU_ROW_TILE, _streams_weight
+from sarathi_rt.ops.linear import _streams_weight, cpu_padded_rows
 
 from .context import StepContext
 from .llama import MLP, Attention, DecoderLayer, Linear, LlamaForCausalLM, RMSNorm
@@ -187,7 +187,7 @@ class LayerLoop:
         return self.model(ctx, input_ids=input_ids, intermediate=intermediate)
 
     def _workspace(self, rows: int) -> _Workspace:
-        padded = -(-rows // _CPU_ROW_TILE) * _CPU_ROW_TILE
+        padded = cpu_padded_rows(rows)
         space = self._spaces.get(padded)
         if space is None:
             if not self._buffers or padded > self._buffers["normed"].shape[0]:

@@ -72,6 +72,13 @@ _STREAMED_WEIGHT_BYTES = 16 << 20
 _CPU_ROW_TILE = 16
 
 
+def cpu_padded_rows(m: int) -> int:
+    """The rows torch's GEMM runs an m-row CPU product on: m padded with zero rows to a
+    multiple of 16, so oneDNN/MKL always pick the same blocked kernel (batch invariance).
+    The layer loop (models/layer_loop.py) sizes its workspaces by it too."""
+    return -(-m // _CPU_ROW_TILE) * _CPU_ROW_TILE
+
+
 # The rule of the module docstring, fixed when the module loads: the ISA level is the
 # process's (SARATHI_RT_CPU_ISA applies when the core loads, before this module); our
 # kernel is vectorized at every level above base.
@@ -130,11 +137,11 @@ def _cpu_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         out = torch.empty(m, n, dtype=x2.dtype)
         kernels.linear_out(x2, weight, bias, out, 0, 1, torch.empty(0, dtype=torch.uint8))
         return out
-    pad = -m % _CPU_ROW_TILE
-    if pad:
-        x2 = _PADDED.rows(x2, m + pad)
+    rows = cpu_padded_rows(m)
+    if rows > m:
+        x2 = _PADDED.rows(x2, rows)
     out = torch.nn.functional.linear(x2, weight, bias)
-    return out[:m] if pad else out
+    return out[:m] if rows > m else out
 
 
 class _PaddedRows(threading.local):
