@@ -12,7 +12,7 @@ from typing import Callable, Hashable, Mapping, Sequence
 from .batch_plan import PlanEntry, StepBuilder
 from .block_manager import BlockManager
 from .config import SchedulerConfig
-from .request import Request
+from .request import Request, generated_tokens
 from .speculation import SpecCandidate, draft_floor, speculation_lengths
 from sarathi_rt.step_time import StepShape, StepTimeModel
 from sarathi_rt.utils.checks import non_negative_int
@@ -138,7 +138,7 @@ class Drafting:
                 raise ValueError(f"accepted[{request_id!r}] must be an int in [0, {drafts[request_id]}], got {n!r}")
         for request_id, given in (token_ids or {}).items():
             want = accepted.get(request_id, 0) + 1 if request_id in drafts else 1
-            count = len(given) if isinstance(given, Sequence) else 1
+            count = len(generated_tokens(given))
             if count != want:
                 raise ValueError(f"token_ids[{request_id!r}] holds {count} tokens; the request generated {want}")
         return accepted
