@@ -8,6 +8,7 @@
 // the same order, then reduced by reduce_add, whatever block or tile its row falls in, so
 // a row's result does not depend on the other rows in the call.
 #include <algorithm>
+#include <type_traits>
 
 #include "cpu_simd.h"
 #include "sarathi_rt/gemm.h"
@@ -25,7 +26,12 @@ constexpr int64_t kTileBytes = 256 << 10;
 // must fit the register file or the loop spills (which made AVX2 2.9x slower than torch's
 // GEMM at 64 rows). AVX-512 (32 registers of 16 floats): 16-float vectors, 4 x 4, 21
 // live. Everything else (AVX2: 16 registers of 8 floats): 8-float vectors, 4 x 3, 16 live.
-template <typename T, int W, int64_t BM, int64_t BN>
+//
+// Dot (bf16 at the avx512_bf16 level): vdpbf16ps on pairs of k, 32 bf16 of x and w a step
+// (the tail by a masked load, zeros past k), each lane adding two exact products, instead
+// of converting both operands to float32 for FMAs. That conversion made the kernel
+// compute-bound from a few rows on: the bf16 LM head at 5 rows cost 2.6x its 1-row time.
+template <typename T, int W, int64_t BM, int64_t BN, bool Dot = false>
 SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
   // Fixed trip counts keep the accumulators in registers: a block past the last row
   // reads the last row again and discards it.
@@ -34,21 +40,44 @@ SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
   for (int64_t i = 0; i < BM; ++i) x[i] = static_cast<const T*>(p.x) + std::min(m0 + i, p.m - 1) * p.ldx;
   for (int64_t j = 0; j < BN; ++j) w[j] = static_cast<const T*>(p.w) + std::min(n0 + j, p.n - 1) * p.ldw;
   cpu::vec<W> acc[BM][BN] = {};
-  const int64_t full = p.k / W * W;
-  for (int64_t k = 0; k < full; k += W) {
-    cpu::vec<W> wv[BN];
-    for (int64_t j = 0; j < BN; ++j) wv[j] = cpu::load<W>(w[j] + k);
-    for (int64_t i = 0; i < BM; ++i) {
-      const cpu::vec<W> xv = cpu::load<W>(x[i] + k);
-      for (int64_t j = 0; j < BN; ++j) acc[i][j] += xv * wv[j];
+  if constexpr (Dot) {
+#if SRT_ISA_LEVELS
+    constexpr int64_t kPairs = 2 * W;  // bf16 elements per vdpbf16ps operand
+    const int64_t full = p.k / kPairs * kPairs;
+    for (int64_t k = 0; k < full; k += kPairs) {
+      cpu::vbf16 wv[BN];
+      for (int64_t j = 0; j < BN; ++j) wv[j] = cpu::load_bf16_pairs(w[j] + k);
+      for (int64_t i = 0; i < BM; ++i) {
+        const cpu::vbf16 xv = cpu::load_bf16_pairs(x[i] + k);
+        for (int64_t j = 0; j < BN; ++j) acc[i][j] = cpu::dot_bf16(acc[i][j], xv, wv[j]);
+      }
     }
-  }
-  if (full < p.k) {  // the same sum, its last lanes zero-padded
-    cpu::vec<W> wv[BN];
-    for (int64_t j = 0; j < BN; ++j) wv[j] = cpu::load_partial<W>(w[j] + full, p.k - full);
-    for (int64_t i = 0; i < BM; ++i) {
-      const cpu::vec<W> xv = cpu::load_partial<W>(x[i] + full, p.k - full);
-      for (int64_t j = 0; j < BN; ++j) acc[i][j] += xv * wv[j];
+    if (full < p.k) {
+      cpu::vbf16 wv[BN];
+      for (int64_t j = 0; j < BN; ++j) wv[j] = cpu::load_bf16_pairs_partial(w[j] + full, p.k - full);
+      for (int64_t i = 0; i < BM; ++i) {
+        const cpu::vbf16 xv = cpu::load_bf16_pairs_partial(x[i] + full, p.k - full);
+        for (int64_t j = 0; j < BN; ++j) acc[i][j] = cpu::dot_bf16(acc[i][j], xv, wv[j]);
+      }
+    }
+#endif
+  } else {
+    const int64_t full = p.k / W * W;
+    for (int64_t k = 0; k < full; k += W) {
+      cpu::vec<W> wv[BN];
+      for (int64_t j = 0; j < BN; ++j) wv[j] = cpu::load<W>(w[j] + k);
+      for (int64_t i = 0; i < BM; ++i) {
+        const cpu::vec<W> xv = cpu::load<W>(x[i] + k);
+        for (int64_t j = 0; j < BN; ++j) acc[i][j] += xv * wv[j];
+      }
+    }
+    if (full < p.k) {  // the same sum, its last lanes zero-padded
+      cpu::vec<W> wv[BN];
+      for (int64_t j = 0; j < BN; ++j) wv[j] = cpu::load_partial<W>(w[j] + full, p.k - full);
+      for (int64_t i = 0; i < BM; ++i) {
+        const cpu::vec<W> xv = cpu::load_partial<W>(x[i] + full, p.k - full);
+        for (int64_t j = 0; j < BN; ++j) acc[i][j] += xv * wv[j];
+      }
     }
   }
   const auto* bias = static_cast<const T*>(p.bias);
@@ -67,10 +96,22 @@ SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
 // the 16 AVX2 registers). The level is picked outside the OpenMP loop and the compiled
 // range called inside it: GCC outlines a parallel loop's body into a function of its own
 // that no target attribute reaches, which would run it at the baseline ISA.
-template <typename T, int W, int64_t BM, int64_t BN>
+//
+// Rows past the last whole block of BM run in a block of their own count: a decode's one
+// row is computed once, not BM times (which made a 1-row call cost a 4-row one, and 5
+// rows 8). A row's bits do not depend on its block (see the top of the file).
+template <typename T, int W, int64_t BM, int64_t BN, bool Dot = false>
 SRT_SIMD_INLINE void gemm_range(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
+  static_assert(BM == 4, "the tail below covers 1 to 3 rows");
   for (int64_t blk = blk0; blk < blk1; ++blk) {
-    for (int64_t m0 = t0; m0 < t1; m0 += BM) gemm_block<T, W, BM, BN>(p, m0, blk * BN);
+    int64_t m0 = t0;
+    for (; m0 + BM <= t1; m0 += BM) gemm_block<T, W, BM, BN, Dot>(p, m0, blk * BN);
+    switch (t1 - m0) {
+      case 3: gemm_block<T, W, 3, BN, Dot>(p, m0, blk * BN); break;
+      case 2: gemm_block<T, W, 2, BN, Dot>(p, m0, blk * BN); break;
+      case 1: gemm_block<T, W, 1, BN, Dot>(p, m0, blk * BN); break;
+      default: break;
+    }
   }
 }
 using RangeFn = void (*)(const GemmParams&, int64_t, int64_t, int64_t, int64_t);
@@ -78,6 +119,11 @@ template <typename T>
 SRT_TARGET_V4 void gemm_range_v4(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
   gemm_range<T, 16, 4, 4>(p, blk0, blk1, t0, t1);
 }
+#if SRT_ISA_LEVELS
+SRT_TARGET_V4_BF16 void gemm_range_v4_bf16(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
+  gemm_range<cpu::bf16, 16, 4, 4, true>(p, blk0, blk1, t0, t1);
+}
+#endif
 template <typename T>
 SRT_TARGET_V3 void gemm_range_v3(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0, int64_t t1) {
   gemm_range<T, 8, 4, 3>(p, blk0, blk1, t0, t1);
@@ -108,6 +154,10 @@ template <typename T>
 void gemm_streamed(const GemmParams& p) {
   switch (cpu::isa_level()) {
     case cpu::IsaLevel::kV4Bf16:
+#if SRT_ISA_LEVELS
+      if constexpr (std::is_same_v<T, cpu::bf16>) return gemm_tiles<T, 4>(p, gemm_range_v4_bf16);
+#endif
+      [[fallthrough]];
     case cpu::IsaLevel::kV4: return gemm_tiles<T, 4>(p, gemm_range_v4<T>);
     case cpu::IsaLevel::kV3: return gemm_tiles<T, 3>(p, gemm_range_v3<T>);
     case cpu::IsaLevel::kBase: break;

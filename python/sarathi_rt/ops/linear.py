@@ -31,10 +31,12 @@ must win at 1-16 rows and stay close at 512 (bench/bench_gemm_small.py; RESULTS.
   thread, AVX-512; AVX2 in RESULTS.md). On Intel, where MKL is at home, this is
   unmeasured and torch keeps the weights under 16 MiB.
 - everything else: ours for weights of 16 MiB and more (read from memory on every call:
-  the LM head), torch for the rest. In bf16 with AVX512-BF16, oneDNN beats ours from 4-8
-  rows up (ours converts bf16 to float32 before each FMA), but torch for the bf16 LM head
-  as well made SmolLM2 decode 0.84x as fast at 1 request and 0.95x at 4: a 1-row head
-  padded to 16 rows costs more than ours; so bf16 keeps this rule.
+  the LM head), torch for the rest. In bf16 at the avx512_bf16 level ours multiplies bf16
+  pairs (vdpbf16ps) instead of converting to float32 for FMAs: SmolLM2's LM head, one
+  thread, CPU ms at 1 / 5 / 16 rows, ours 2.0 / 3.7 / 7.2 against torch's 4.7 on rows
+  padded to 16 (converting, ours took 3.7 / 9.5 / 14.5). oneDNN wins from ~8 rows on, but
+  decodes at low load and a request verifying its drafts run 1-5 rows, where a head padded
+  to 16 rows costs more than ours; so bf16 keeps this rule.
 """
 from __future__ import annotations
 
