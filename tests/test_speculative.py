@@ -423,26 +423,3 @@ def test_stop_strings_end_speculating_requests_where_plain_decoding_does(plain: 
     assert got[0].finish_reason == "stop" and len(got[0].token_ids) < 30
     assert sum(o.num_accepted_tokens for o in got) > 0
     assert _all_free(llm)
-
-
-def test_structured_requests_do_not_speculate(plain: list[list[int]]) -> None:
-    """A request with a json_schema is never asked for proposals (its grammar would have
-    to judge each one): it verifies none and generates what it does without speculation,
-    while a free request beside it speculates as usual."""
-    pytest.importorskip("xgrammar")
-    import json
-    from text_models import tiny_tokenizer
-
-    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
-    params = [SamplingParams(max_tokens=40, temperature=0.0, json_schema=schema),
-              SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0)]
-    prompts = PROMPTS[:2]
-    ref = _llm(tokenizer=tiny_tokenizer()).generate(prompts, params, use_tqdm=False)
-    llm = _llm(NGRAM, tokenizer=tiny_tokenizer())
-    oracle = _oracle(llm, plain, 2)
-    oracle.truth["llm-0"] = list(ref[0].token_ids)
-    got = llm.generate(prompts, params, use_tqdm=False)
-    assert [list(o.token_ids) for o in got] == [list(o.token_ids) for o in ref]
-    assert got[0].num_draft_tokens == 0 and got[0].finish_reason == ref[0].finish_reason
-    assert got[1].num_accepted_tokens > 0
-    assert _all_free(llm)
