@@ -142,16 +142,21 @@ def test_verify_rows_carry_each_rows_mask() -> None:
 
 
 # ------------------------------------------------------------------------ greedy
-def test_ngram_greedy_equals_plain_decoding(plain: list, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("options", [
+    {}, {"policy": "decode_maximal"}, {"enable_prefix_caching": True},
+    {"num_kv_blocks": 48},  # preemptions by recompute: the matcher keeps the generated tokens
+], ids=["sarathi", "decode_maximal", "prefix_cache", "preemption"])
+def test_ngram_greedy_equals_plain_decoding(plain: list, options: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """The n-gram proposer finds the prompt's JSON text: drafts are verified, some the
     grammar cuts, some the target rejects, and the outputs are plain decoding's."""
     cuts = CutCounter(monkeypatch)
-    llm = _llm(NGRAM)
+    llm = _llm(NGRAM, **options)
     outs = llm.generate(PROMPTS, _greedy(), use_tqdm=False)
     assert [_key(o) for o in outs] == [_key(o) for o in plain]
     drafted, accepted = sum(o.num_draft_tokens for o in outs), sum(o.num_accepted_tokens for o in outs)
     assert 0 < accepted < drafted
     assert 0 < cuts.kept < cuts.given
+    assert (llm.engine.num_preemptions > 0) == ("num_kv_blocks" in options)
     assert _all_free(llm)
 
 
@@ -237,11 +242,12 @@ def test_abort_mid_speculation(plain: list) -> None:
 # ---------------------------------------------------------------------- sampling
 def test_sampled_outputs_validate_and_match_plain_where_it_is_determined(monkeypatch: pytest.MonkeyPatch) -> None:
     """Temperature 1: every output parses and validates. At top_k 1 (a point mass: the
-    same for rejection sampling) each equals plain sampling's with the same seed. With
-    the whole distribution, rejection sampling draws its own uniforms at a judged row
-    (the same law, not the same bits, as for requests without a grammar), so an output
-    equals plain sampling's up to the step that first verifies a proposal."""
-    point = [SamplingParams(max_tokens=120, temperature=1.0, top_k=1, seed=i, json_schema=s)
+    same for rejection sampling) each equals plain sampling's with the same seed, n = 2
+    samples included. With the whole distribution, rejection sampling draws its own
+    uniforms at a judged row (the same law, not the same bits, as for requests without
+    a grammar), so an output equals plain sampling's up to the step that first verifies
+    a proposal."""
+    point = [SamplingParams(max_tokens=120, temperature=1.0, top_k=1, seed=i, json_schema=s, n=2 if i < 2 else 1)
              for i, s in enumerate(SCHEMAS)]
     sampled = [SamplingParams(max_tokens=160, temperature=1.0, seed=i, json_schema=s) for i, s in enumerate(SCHEMAS)]
     base = _llm()
@@ -250,8 +256,10 @@ def test_sampled_outputs_validate_and_match_plain_where_it_is_determined(monkeyp
     cuts = CutCounter(monkeypatch)
     llm = _llm(NGRAM)
     got_point = llm.generate(PROMPTS, point, use_tqdm=False)
-    assert [_key(o) for o in got_point] == [_key(o) for o in ref_point]
-    assert sum(o.num_accepted_tokens for o in got_point) > 0
+    samples = [[_key(s) for s in o.outputs] for o in got_point]
+    assert samples == [[_key(s) for s in o.outputs] for o in ref_point]
+    assert [len(s) for s in samples[:3]] == [2, 2, 1]  # n = 2: each sample with its own grammar
+    assert all(s.num_accepted_tokens > 0 for o in got_point[:2] for s in o.outputs)
     engine = llm.engine
     for i, p in enumerate(sampled):
         engine.add_request(i, TOKENIZER.encode(PROMPTS[i]), p)
