@@ -41,11 +41,12 @@ def smoke_prompts() -> list[list[int]]:
 
 
 def run(llm: LLM, prompts: list[list[int]], concurrency: int, max_tokens: int,
-        observe: Callable[[RequestOutput], None] | None = None) -> dict:
-    """`concurrency` requests at once (the prompts cycled), greedy, to max_tokens each;
-    `observe` sees every step's every output."""
+        observe: Callable[[RequestOutput], None] | None = None, *, schema: str | None = None) -> dict:
+    """`concurrency` requests at once (the prompts cycled), greedy, to max_tokens each
+    (with a json `schema`: to the value's end, at most max_tokens); `observe` sees every
+    step's every output."""
     engine = llm.engine
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=schema is None, json_schema=schema)
     start = time.perf_counter()
     ids = [f"r{engine.num_steps}-{i}" for i in range(concurrency)]
     for i, request_id in enumerate(ids):
