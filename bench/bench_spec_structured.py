@@ -19,11 +19,10 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
-from bench_spec import run
+from bench_spec import compare, parser
 from sarathi_rt import LLM
 
 RECORD = {"name": "math_utils", "language": "python", "version": "1.4.2",
@@ -62,14 +61,7 @@ def _models(args: argparse.Namespace, options: dict) -> tuple[LLM, LLM, list[lis
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--concurrency", default="1,4")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved plain/speculative pairs per concurrency")
-    ap.add_argument("--max-tokens", type=int, default=160)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--smoke", action="store_true", help="tiny model, 1 and 4 requests, one pair, 48 tokens")
-    args = ap.parse_args()
+    args = parser(__doc__, "1,4", 160, "tiny model, 1 and 4 requests, one pair, 48 tokens").parse_args()
     if args.smoke:
         args.model, args.concurrency, args.repeats, args.max_tokens = "tiny", "1,4", 1, 48
     if importlib.util.find_spec("xgrammar") is None:
@@ -78,38 +70,15 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     options = {"max_num_seqs": max(levels), "num_kv_blocks": max(levels) * 40, "block_size": 16}
     plain, spec, prompts = _models(args, options)
-    schema = json.dumps(SCHEMA)
     lengths = [len(p) for p in prompts]
     print(f"{args.model}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}: {len(prompts)} prompts of "
           f"{min(lengths)}..{max(lengths)} tokens, a JSON schema, at most {args.max_tokens} output tokens each, "
           f"greedy; n-gram k={args.k}; {args.repeats} interleaved pairs per concurrency")
-    for llm in (plain, spec):  # one-off costs (the schema's compile among them) out of the first timed run
-        run(llm, prompts, 1, 4, schema=schema)
-    identical = True
-    ratios = {}
-    print(f"{'requests':>8} | {'plain tok/s':>11} | {'spec tok/s':>10} | {'ratio':>6} | {'TTFT plain/spec ms':>18} | "
-          f"{'TBT plain/spec ms':>17} | {'accepted':>8}")
-    for c in levels:
-        res: dict[str, list[dict]] = {"plain": [], "spec": []}
-        for _ in range(args.repeats):
-            res["plain"].append(run(plain, prompts, c, args.max_tokens, schema=schema))
-            res["spec"].append(run(spec, prompts, c, args.max_tokens, schema=schema))
-        identical &= all(a["outputs"] == b["outputs"] for a, b in zip(res["plain"], res["spec"]))
-        med = {m: {k: statistics.median(r[k] for r in runs) for k in ("tokens_per_s", "ttft", "tbt")}
-               for m, runs in res.items()}
-        ratios[c] = statistics.median(b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(res["plain"], res["spec"]))
-        drafted = sum(r["drafted"] for r in res["spec"])
-        rate = sum(r["accepted"] for r in res["spec"]) / drafted if drafted else 0.0
-        print(f"{c:>8} | {med['plain']['tokens_per_s']:>11.1f} | {med['spec']['tokens_per_s']:>10.1f} | "
-              f"{ratios[c]:>5.2f}x | {med['plain']['ttft'] * 1e3:>8.0f} / {med['spec']['ttft'] * 1e3:<7.0f} | "
-              f"{med['plain']['tbt'] * 1e3:>7.1f} / {med['spec']['tbt'] * 1e3:<7.1f} | {rate:>7.0%}")
-    print(f"greedy outputs identical: {identical}")
+    ratios = compare(plain, spec, prompts, levels, args.repeats, args.max_tokens, json.dumps(SCHEMA))
     low = min(levels)
     print(f"structured speculative / plain tokens/s ratio: {ratios[low]:.2f}x at {low} request(s), "
           + ", ".join(f"{ratios[c]:.2f}x at {c}" for c in levels if c != low)
           + f"; load after {os.getloadavg()[0]:.1f}")
-    if not identical:
-        raise SystemExit("greedy outputs differ with speculation")
 
 
 if __name__ == "__main__":
