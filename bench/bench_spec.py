@@ -41,11 +41,12 @@ def smoke_prompts() -> list[list[int]]:
 
 
 def run(llm: LLM, prompts: list[list[int]], concurrency: int, max_tokens: int,
-        observe: Callable[[RequestOutput], None] | None = None) -> dict:
-    """`concurrency` requests at once (the prompts cycled), greedy, to max_tokens each;
-    `observe` sees every step's every output."""
+        observe: Callable[[RequestOutput], None] | None = None, *, schema: str | None = None) -> dict:
+    """`concurrency` requests at once (the prompts cycled), greedy, to max_tokens each
+    (with a json `schema`: to the value's end, at most max_tokens); `observe` sees every
+    step's every output."""
     engine = llm.engine
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=schema is None, json_schema=schema)
     start = time.perf_counter()
     ids = [f"r{engine.num_steps}-{i}" for i in range(concurrency)]
     for i, request_id in enumerate(ids):
@@ -67,15 +68,51 @@ def run(llm: LLM, prompts: list[list[int]], concurrency: int, max_tokens: int,
             "drafted": sum(o.num_draft_tokens for o in outs), "accepted": sum(o.num_accepted_tokens for o in outs)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str, concurrency: str, max_tokens: int, smoke: str) -> argparse.ArgumentParser:
+    """The flags of the benches that compare speculative with plain decoding."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--concurrency", default=concurrency)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved plain/speculative pairs per concurrency")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=max_tokens)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--smoke", action="store_true", help="the tiny preset, 1 and 4 requests, one pair, 16 tokens")
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help=smoke)
+    return ap
+
+
+def compare(plain: LLM, spec: LLM, prompts: list[list[int]], levels: list[int], repeats: int, max_tokens: int,
+            schema: str | None = None) -> dict[int, float]:
+    """Per concurrency, `repeats` interleaved plain/speculative pairs (see run): prints a
+    row of medians per concurrency and whether the greedy outputs were identical (exits
+    if not); returns each concurrency's median ratio of tokens/s, speculative / plain."""
+    for llm in (plain, spec):  # one-off costs (a schema's compile among them) out of the first timed run
+        run(llm, prompts, 1, 4, schema=schema)
+    identical = True
+    ratios = {}
+    print(f"{'requests':>8} | {'plain tok/s':>11} | {'spec tok/s':>10} | {'ratio':>6} | {'TTFT plain/spec ms':>18} | "
+          f"{'TBT plain/spec ms':>17} | {'accepted':>8}")
+    for c in levels:
+        res: dict[str, list[dict]] = {"plain": [], "spec": []}
+        for _ in range(repeats):
+            res["plain"].append(run(plain, prompts, c, max_tokens, schema=schema))
+            res["spec"].append(run(spec, prompts, c, max_tokens, schema=schema))
+        identical &= all(a["outputs"] == b["outputs"] for a, b in zip(res["plain"], res["spec"]))
+        med = {m: {k: statistics.median(r[k] for r in runs) for k in ("tokens_per_s", "ttft", "tbt")}
+               for m, runs in res.items()}
+        ratios[c] = statistics.median(b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(res["plain"], res["spec"]))
+        drafted = sum(r["drafted"] for r in res["spec"])
+        rate = sum(r["accepted"] for r in res["spec"]) / drafted if drafted else 0.0
+        print(f"{c:>8} | {med['plain']['tokens_per_s']:>11.1f} | {med['spec']['tokens_per_s']:>10.1f} | "
+              f"{ratios[c]:>5.2f}x | {med['plain']['ttft'] * 1e3:>8.0f} / {med['spec']['ttft'] * 1e3:<7.0f} | "
+              f"{med['plain']['tbt'] * 1e3:>7.1f} / {med['spec']['tbt'] * 1e3:<7.1f} | {rate:>7.0%}")
+    print(f"greedy outputs identical: {identical}")
+    if not identical:
+        raise SystemExit("greedy outputs differ with speculation")
+    return ratios
+
+
+def main() -> None:
+    args = parser(__doc__, "1,4,16,64", 128, "the tiny preset, 1 and 4 requests, one pair, 16 tokens").parse_args()
     if args.smoke:
         args.model, args.concurrency, args.repeats, args.max_tokens = "tiny", "1,4", 1, 16
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -88,32 +125,10 @@ def main() -> None:
     print(f"{args.model}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}: {len(prompts)} prompts of "
           f"{min(lengths)}..{max(lengths)} tokens ({sum(lengths)} in all), {args.max_tokens} output tokens each, "
           f"greedy; n-gram k={args.k}; {args.repeats} interleaved pairs per concurrency")
-    for llm in (plain, spec):  # one-off costs out of the first timed run
-        run(llm, prompts, 1, 4)
-    identical = True
-    ratios = {}
-    print(f"{'requests':>8} | {'plain tok/s':>11} | {'spec tok/s':>10} | {'ratio':>6} | {'TTFT plain/spec ms':>18} | "
-          f"{'TBT plain/spec ms':>17} | {'accepted':>8}")
-    for c in levels:
-        res: dict[str, list[dict]] = {"plain": [], "spec": []}
-        for _ in range(args.repeats):
-            res["plain"].append(run(plain, prompts, c, args.max_tokens))
-            res["spec"].append(run(spec, prompts, c, args.max_tokens))
-        identical &= all(a["outputs"] == b["outputs"] for a, b in zip(res["plain"], res["spec"]))
-        med = {m: {k: statistics.median(r[k] for r in runs) for k in ("tokens_per_s", "ttft", "tbt")}
-               for m, runs in res.items()}
-        ratios[c] = statistics.median(b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(res["plain"], res["spec"]))
-        drafted = sum(r["drafted"] for r in res["spec"])
-        rate = sum(r["accepted"] for r in res["spec"]) / drafted if drafted else 0.0
-        print(f"{c:>8} | {med['plain']['tokens_per_s']:>11.1f} | {med['spec']['tokens_per_s']:>10.1f} | "
-              f"{ratios[c]:>5.2f}x | {med['plain']['ttft'] * 1e3:>8.0f} / {med['spec']['ttft'] * 1e3:<7.0f} | "
-              f"{med['plain']['tbt'] * 1e3:>7.1f} / {med['spec']['tbt'] * 1e3:<7.1f} | {rate:>7.0%}")
-    print(f"greedy outputs identical: {identical}")
+    ratios = compare(plain, spec, prompts, levels, args.repeats, args.max_tokens)
     low, high = min(levels), max(levels)
     print(f"speculative / plain tokens/s ratio: {ratios[low]:.2f}x at {low} request(s) (target >= 1.5x at 1), "
           f"{ratios[high]:.2f}x at {high} (target >= 0.97x at 64); load after {os.getloadavg()[0]:.1f}")
-    if not identical:
-        raise SystemExit("greedy outputs differ with speculation")
 
 
 if __name__ == "__main__":

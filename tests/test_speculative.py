@@ -16,6 +16,7 @@ from typing import Hashable
 
 import pytest
 
+from spec_sampling import same_distribution_pvalue, verify_every_proposal
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.config import EngineConfig
 from sarathi_rt.config.speculative import MAX_SPECULATIVE_K
@@ -313,23 +314,9 @@ def test_smollm2_greedy_equals_plain_decoding() -> None:
 def test_rejection_sampling_keeps_the_target_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens 2 and 3 of many seeded samples, with an oracle that proposes a fixed guess
     at them (accepted sometimes, rejected sometimes), against plain sampling: a
-    two-sample chi-square test at significance 0.001 on each position's counts. Every
-    proposal the budget holds is verified: with 32 decodes a step the rule would rightly
-    fade speculation out (tests/test_speculation_rule.py), and this test is about the
-    sampler, not the rule."""
-    from scipy.stats import chi2_contingency
-    from sarathi_rt.scheduler import drafting
-
-    def every_proposal(candidates: list, budget_left: int, **_: object) -> list[int]:
-        lengths = []
-        for c in candidates:
-            lengths.append(min(c.available, budget_left))
-            budget_left -= lengths[-1]
-        return lengths
-
-    monkeypatch.setattr(drafting, "speculation_lengths", every_proposal)
-    monkeypatch.setattr(drafting, "draft_floor", lambda *_, **__: 0.0)  # every decode is asked to propose
-
+    two-sample chi-square test at significance 0.001 on each position's counts, every
+    proposal verified (spec_sampling.verify_every_proposal)."""
+    verify_every_proposal(monkeypatch)
     prompt = PROMPTS[0]
     seeds = range(600)
     params = [SamplingParams(max_tokens=4, ignore_eos=True, temperature=1.0, top_k=4, seed=s) for s in seeds]
@@ -344,14 +331,7 @@ def test_rejection_sampling_keeps_the_target_distribution(monkeypatch: pytest.Mo
     for position in (1, 2):
         a = Counter(o.token_ids[position] for o in plain_outs)
         b = Counter(o.token_ids[position] for o in spec_outs)
-        tokens = sorted(set(a) | set(b))
-        # Pool the rare tokens, so every expected count is large enough for the test.
-        common = [t for t in tokens if a[t] + b[t] >= 20]
-        table = [[a[t] for t in common] + [sum(a[t] for t in tokens if t not in common)],
-                 [b[t] for t in common] + [sum(b[t] for t in tokens if t not in common)]]
-        if table[0][-1] + table[1][-1] == 0:
-            table = [row[:-1] for row in table]
-        assert chi2_contingency(table).pvalue > 0.001, (position, table)
+        assert same_distribution_pvalue(a, b) > 0.001, (position, a, b)
     assert _all_free(llm)
 
 
@@ -422,27 +402,4 @@ def test_stop_strings_end_speculating_requests_where_plain_decoding_does(plain: 
         [(list(o.token_ids), o.text, o.finish_reason) for o in ref]
     assert got[0].finish_reason == "stop" and len(got[0].token_ids) < 30
     assert sum(o.num_accepted_tokens for o in got) > 0
-    assert _all_free(llm)
-
-
-def test_structured_requests_do_not_speculate(plain: list[list[int]]) -> None:
-    """A request with a json_schema is never asked for proposals (its grammar would have
-    to judge each one): it verifies none and generates what it does without speculation,
-    while a free request beside it speculates as usual."""
-    pytest.importorskip("xgrammar")
-    import json
-    from text_models import tiny_tokenizer
-
-    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
-    params = [SamplingParams(max_tokens=40, temperature=0.0, json_schema=schema),
-              SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0)]
-    prompts = PROMPTS[:2]
-    ref = _llm(tokenizer=tiny_tokenizer()).generate(prompts, params, use_tqdm=False)
-    llm = _llm(NGRAM, tokenizer=tiny_tokenizer())
-    oracle = _oracle(llm, plain, 2)
-    oracle.truth["llm-0"] = list(ref[0].token_ids)
-    got = llm.generate(prompts, params, use_tqdm=False)
-    assert [list(o.token_ids) for o in got] == [list(o.token_ids) for o in ref]
-    assert got[0].num_draft_tokens == 0 and got[0].finish_reason == ref[0].finish_reason
-    assert got[1].num_accepted_tokens > 0
     assert _all_free(llm)

@@ -58,11 +58,12 @@ class LLMEngine:
     and `has_request` take the request's id and cover every sample.
 
     With config.speculative_method set, each step first asks the proposer for every
-    decoding sample's guesses, all samples in one call (a draft model batches them; not
-    for a sample with a json_schema: its grammar would have to judge each guess); the
-    scheduler gives a decode 1 + d rows for d of them, the sampler keeps those the model
-    agrees with, and the sample gets every kept token in order, each through the same
-    stop, length and logprob handling as one token."""
+    decoding sample's guesses, all samples in one call (a draft model batches them; a
+    sample with a json_schema keeps those before the first its grammar refuses); the
+    scheduler gives a decode 1 + d rows for d of them (with a grammar, each row masked as
+    of its own position), the sampler keeps those the model agrees with, and the sample
+    gets every kept token in order, each through the same stop, length, grammar and
+    logprob handling as one token."""
 
     METRICS_WINDOW = 65536
 
@@ -318,10 +319,11 @@ class LLMEngine:
         generates its accepted proposals and one token more."""
         assert self.proposer is not None
         with nvtx_range("propose"):
-            seqs = [seq for seq in map(self._seqs.__getitem__, self.scheduler.speculation_candidates())
-                    if seq.grammar is None]
+            seqs = [self._seqs[key] for key in self.scheduler.speculation_candidates()]
             rooms = [seq.max_new_tokens - len(seq.output) - 1 for seq in seqs]
             for seq, draft in zip(seqs, self.proposer.propose_batch(seqs, rooms)):
+                if seq.grammar is not None:  # a refused token could never be kept, nor the ones after it
+                    draft = seq.grammar.cut(draft)
                 seq.draft = draft
                 self.scheduler.set_proposals(seq.key, len(draft))
 
@@ -342,9 +344,11 @@ class LLMEngine:
             pos = e.start_pos
             prompt_len = len(seq.prompt)
             if e.num_draft:  # a decode verifying its proposals after its last token
-                chunks.append(SequenceChunk(e.request_id, [seq.output[pos - prompt_len], *seq.draft[:e.num_draft]],
-                                            pos, block_table(e.request_id), seq.row_sampling(),
-                                            num_draft=e.num_draft))
+                draft = seq.draft[:e.num_draft]
+                chunks.append(SequenceChunk(e.request_id, [seq.output[pos - prompt_len], *draft],
+                                            pos, block_table(e.request_id), seq.row_sampling(), num_draft=e.num_draft,
+                                            draft_allowed=() if seq.grammar is None else
+                                            tuple(seq.grammar.allowed_after(draft))))
                 rows.append(seq)
                 continue
             if e.num_tokens == 1 and pos >= prompt_len:

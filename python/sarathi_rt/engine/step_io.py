@@ -6,7 +6,7 @@ built, and a frozen dataclass's __init__ (object.__setattr__ per field) costs ~6
 much, which the engine pays for every running request on every step."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Hashable
 
 from sarathi_rt.measure.metrics import StageMetrics
@@ -48,7 +48,10 @@ class SequenceChunk:
     its prompt, each drawing its first token from the same logits row after `sampling`'s.
     `num_draft`: a decode verifying proposals (speculative decoding): its last `num_draft`
     tokens are the proposals, and `sampling` draws from each of its last 1 + num_draft
-    positions (RowSampling.num_generated counting up from the first)."""
+    positions (RowSampling.num_generated counting up from the first; see verify_rows).
+    `draft_allowed`: for such a decode with a grammar, the allowed masks of those rows
+    after the first, one per proposal (row i's: the grammar after the first i
+    proposals), `sampling.allowed` being the first row's; empty without a grammar."""
 
     request_id: Hashable
     token_ids: list[int]
@@ -59,11 +62,25 @@ class SequenceChunk:
     prompt_top: int = 0
     forks: list[RowSampling] = field(default_factory=list)
     num_draft: int = 0
+    draft_allowed: tuple[bytes, ...] = ()
 
     @property
     def rows(self) -> list[RowSampling]:
         """The rows this chunk samples: none, or `sampling` and its forks'."""
         return [] if self.sampling is None else [self.sampling, *self.forks]
+
+    def verify_rows(self) -> list[RowSampling]:
+        """A verifying chunk's 1 + num_draft rows, each keyed by its own token index and
+        masked as of its own position."""
+        if self.sampling is None or not self.num_draft:
+            raise ValueError(f"chunk of {self.request_id!r} verifies no proposals (num_draft={self.num_draft})")
+        if self.draft_allowed and len(self.draft_allowed) != self.num_draft:
+            raise ValueError(f"draft_allowed must hold one mask per proposal ({self.num_draft}), "
+                             f"got {len(self.draft_allowed)}")
+        first = self.sampling
+        masks = (first.allowed, *self.draft_allowed) if self.draft_allowed else (first.allowed,) * (1 + self.num_draft)
+        return [replace(first, num_generated=first.num_generated + i, allowed=allowed)
+                for i, allowed in enumerate(masks)]
 
 
 @dataclass(slots=True)

@@ -6,8 +6,11 @@ The grammar state lives on the driver, beside the request's tokens: before each 
 that samples a request, its matcher writes the allowed tokens as a bitmask (RowSampling
 .allowed, plain bytes, so any executor ships it); the worker's sampler masks that row
 alone; the driver then advances the matcher by the token it got. A preempted request
-keeps its generated tokens and so its matcher, which therefore never rolls back; an
-aborted or finished one drops it with the rest of its state."""
+keeps its generated tokens and so its matcher; an aborted or finished one drops it with
+the rest of its state. Speculative decoding walks the matcher through a request's
+proposals, to cut them where the grammar refuses one and to mask each verification row
+as of its own position, and rolls it back at once: only the tokens the request keeps
+advance it."""
 from __future__ import annotations
 
 import json
@@ -76,16 +79,53 @@ def _xgrammar() -> Any:
 class Grammar:
     """One request's position in its grammar."""
 
-    __slots__ = ("_matcher", "_bitmask")
+    __slots__ = ("_matcher", "_bitmask", "_special")
 
-    def __init__(self, matcher: Any, bitmask: Any) -> None:
+    def __init__(self, matcher: Any, bitmask: Any, special: frozenset[int]) -> None:
         self._matcher = matcher
         self._bitmask = bitmask
+        # Token ids with no text, which no grammar accepts (xgrammar logs a warning for
+        # each one it is asked to accept, and proposers do propose them).
+        self._special = special
 
     def allowed(self) -> bytes:
         """The tokens the grammar allows next, bit t%32 of little-endian int32 word t//32."""
         self._matcher.fill_next_token_bitmask(self._bitmask)
         return self._bitmask.numpy().tobytes()
+
+    def cut(self, draft: list[int]) -> list[int]:
+        """The longest prefix of `draft` (speculative proposals) the grammar accepts,
+        token by token, without completing: past a completing token (the value's end, a
+        stop token) the grammar allows nothing to mask the next row with, and the token
+        is the target's to sample (it ends the request either way). The matcher ends
+        where it began, so rejected proposals never advance it."""
+        walked = kept = 0
+        for token in draft:
+            if token in self._special or not self._matcher.accept_token(token):
+                break
+            walked += 1
+            if self._matcher.is_terminated():
+                break
+            kept += 1
+        if walked:
+            self._matcher.rollback(walked)
+        return draft[:kept]
+
+    def allowed_after(self, draft: list[int]) -> list[bytes]:
+        """allowed() after each prefix draft[:1], draft[:2], ... of proposals that `cut`
+        kept whole: the masks of a verification's rows after its first (row i samples
+        the token that follows the first i proposals). The matcher ends where it began."""
+        masks = []
+        for token in draft:
+            if not self._matcher.accept_token(token):
+                break
+            masks.append(self.allowed())
+        if masks:
+            self._matcher.rollback(len(masks))
+        if len(masks) < len(draft):
+            raise ValueError(f"draft holds token {draft[len(masks)]} at {len(masks)}, which the grammar refuses "
+                             "there: cut() it first")
+        return masks
 
     def accept(self, token: int) -> bool:
         """Advance by the sampled token; True once the grammar is complete (the request is
@@ -117,6 +157,7 @@ class GrammarCompiler:
         info = xgr.TokenizerInfo(strings, vocab_type, vocab_size=vocab_size, stop_token_ids=eos,
                                  add_prefix_space=prefix_space)
         self.tokenizer_info = info  # what xgrammar reads each token as
+        self._special = frozenset(info.special_token_ids)
         self._xgr = xgr
         self._vocab_size = vocab_size
         # The cache is ours, keyed by the schema text as SamplingParams holds it, so a cached
@@ -164,7 +205,7 @@ class GrammarCompiler:
         stops = sorted(stop_token_ids)
         matcher = self._xgr.GrammarMatcher(compiled, override_stop_tokens=stops or None,
                                            terminate_without_stop_token=not stops)
-        return Grammar(matcher, self._xgr.allocate_token_bitmask(1, self._vocab_size))
+        return Grammar(matcher, self._xgr.allocate_token_bitmask(1, self._vocab_size), self._special)
 
 
 def _prepared(schema: str) -> str:

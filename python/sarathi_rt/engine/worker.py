@@ -3,7 +3,6 @@ executor (in-process, tensor/pipeline-parallel worker processes) runs a step thr
 `Worker.execute`, so there is one step path."""
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
@@ -116,10 +115,8 @@ class Worker:
             spans.append((row, count) if count else None)
             row += count
             if c.num_draft:
-                assert c.sampling is not None
                 judged: list[int | None] = [*c.token_ids[len(c.token_ids) - c.num_draft:], None]
-                chunk_rows = [dataclasses.replace(c.sampling, num_generated=c.sampling.num_generated + i)
-                              for i in range(len(judged))]
+                chunk_rows = c.verify_rows()
             else:
                 chunk_rows, judged = c.rows, [None] * len(c.rows)
             rows += chunk_rows
