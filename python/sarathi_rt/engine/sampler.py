@@ -3,6 +3,7 @@ draw from a generator keyed by (seed, tokens generated so far): a request's toke
 not depend on what else is in the batch."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from sarathi_rt.utils.nvtx import nvtx_range
@@ -49,10 +50,14 @@ def _apply_grammars(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tens
     masked = [i for i, r in enumerate(rows) if r.allowed is not None]
     if not masked:
         return logits
-    words = torch.frombuffer(bytearray(b"".join(rows[i].allowed or b"" for i in masked)), dtype=torch.int32)
-    bits = words.view(len(masked), -1, 1).to(logits.device) >> torch.arange(32, dtype=torch.int32,
-                                                                              device=logits.device)
-    allowed = (bits & 1).view(len(masked), -1)[:, :logits.shape[1]].bool()
+    # Bit t%32 of little-endian word t//32 is bit t%8 of byte t//8: numpy's little-endian
+    # unpackbits puts token t's bit at index t in one pass over the bytes, with no int32
+    # tensor of 32 shifted copies of every word.
+    packed = np.frombuffer(b"".join(rows[i].allowed or b"" for i in masked), dtype=np.uint8)
+    bits = torch.from_numpy(np.unpackbits(packed, bitorder="little").view(np.bool_))
+    allowed = bits.view(len(masked), -1)[:, :logits.shape[1]].to(logits.device)
+    if len(masked) == len(rows):  # every row has a grammar (one request verifying drafts, say)
+        return logits.masked_fill(~allowed, float("-inf"))
     index = torch.tensor(masked, device=logits.device)
     return logits.index_copy(0, index, logits.index_select(0, index).masked_fill_(~allowed, float("-inf")))
 
