@@ -113,6 +113,28 @@ def test_bench_smoke(name: str, smoke_runs: dict[str, Future[Run]]) -> None:
     assert re.search(EXPECT[name], res.stdout), f"{name} --smoke did not print /{EXPECT[name]}/\n{log}"
 
 
+def test_spec_prompts_are_counted_under_smollm2s_chat_template() -> None:
+    """bench/data/spec_prompts.json states each prompt's kind and its length under
+    SmolLM2's chat template (bench_spec.py sizes its KV cache by them): at least 8 prompts
+    of each of the four kinds issue 40 names, each 200-600 tokens, every count exact. Skips
+    where the model is not cached (the quick lane never downloads it)."""
+    from sarathi_rt.models.hub import NAMED_MODELS, cache_dir, named_model_path
+    from sarathi_rt.text.tokenizer import Tokenizer
+
+    data = json.loads((BENCH / "data" / "spec_prompts.json").read_text())
+    kinds = [p["kind"] for p in data["prompts"]]
+    assert {k: kinds.count(k) for k in set(kinds)} == {k: max(8, kinds.count(k))
+                                                      for k in ("summarize", "edit", "code", "qa")}
+    assert all(200 <= p["tokens"] <= 600 for p in data["prompts"])
+    model = "smollm2-135m-instruct"
+    if not (cache_dir() / model / Path(NAMED_MODELS[model].member).name).is_file():
+        pytest.skip(f"{model} is not in the model cache {cache_dir()}")
+    tokenizer = Tokenizer.from_gguf(named_model_path(model))
+    counted = [len(tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}], add_generation_prompt=True))
+               for p in data["prompts"]]
+    assert counted == [p["tokens"] for p in data["prompts"]]
+
+
 def test_adaptive_budget_reuses_statics_only_when_they_reproduce(tmp_path: Path) -> None:
     """`--static-from` takes a previous run's static capacities and reruns the default rule
     and each cell's best static budget; a file whose best static no longer reproduces
