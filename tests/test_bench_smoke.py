@@ -62,7 +62,8 @@ EXPECT = {
     "bench_scheduler.py": r"median/target",
     "bench_sim.py": r"simulator / scheduler = ",
     "bench_sim_fidelity.py": r"in target at the probed speed",
-    "bench_spec.py": r"greedy outputs identical: True\nspeculative / plain tokens/s ratio: \d+\.\d+x at 1 ",
+    "bench_spec.py": r"\n +1 \| +4 \|(.|\n)*at 1 request, per kind:(.|\n)* synthetic \| +4 \|(.|\n)* all \| +4 \|.*\n"
+                     r"greedy outputs identical: True\nspeculative / plain tokens/s ratio: \d+\.\d+x at 1 ",
     "bench_spec_draft.py": r"greedy outputs identical: True\ntiny draft accepted per verification \(\d+ "
                            r"verifications\) 0: \d+(.|\n)*self-draft accepted .*acceptance (9\d|100)%",
     "bench_spec_sim.py": r"rule / fixed k where fixed k pays within the target: worst \d\.\d+x(.|\n)*"
