@@ -146,9 +146,10 @@ def main() -> None:
         ap.error(f"--prompts must be at least 1, got {args.prompts}")
     workload = smoke_workload() if args.smoke else real_workload(args.prompts)
     # Room for each running request (the longest prompt, its output and one verification's
-    # k + 1 rows) and, beside them, for every prompt's cached prefix, so none is evicted.
+    # k + 1 rows) and, beside them, for every prompt with its greedy answer (the same in every
+    # run), which the prefix cache keeps: an evicted prompt would be prefilled cold again.
     per_request = -(-(max(workload.lengths) + args.max_tokens + args.k + 1) // BLOCK_SIZE)
-    cached = sum(-(-n // BLOCK_SIZE) for n in workload.lengths)
+    cached = sum(-(-(n + args.max_tokens) // BLOCK_SIZE) for n in workload.lengths)
     options = {"max_num_seqs": max(levels), "num_kv_blocks": max(levels) * per_request + cached,
                "block_size": BLOCK_SIZE, "enable_prefix_caching": True}
     plain = LLM(args.model, **options)
