@@ -62,7 +62,8 @@ EXPECT = {
     "bench_scheduler.py": r"median/target",
     "bench_sim.py": r"simulator / scheduler = ",
     "bench_sim_fidelity.py": r"in target at the probed speed",
-    "bench_spec.py": r"greedy outputs identical: True\nspeculative / plain tokens/s ratio: \d+\.\d+x at 1 ",
+    "bench_spec.py": r"\n +1 \| +4 \|(.|\n)*greedy outputs identical: True\nat 1 request, per kind:(.|\n)* synthetic "
+                     r"\| +4 \|(.|\n)* all \| +4 \|.*\nspeculative / plain tokens/s ratio: \d+\.\d+x at 1 ",
     "bench_spec_draft.py": r"greedy outputs identical: True\ntiny draft accepted per verification \(\d+ "
                            r"verifications\) 0: \d+(.|\n)*self-draft accepted .*acceptance (9\d|100)%",
     "bench_spec_sim.py": r"rule / fixed k where fixed k pays within the target: worst \d\.\d+x(.|\n)*"
@@ -113,6 +114,28 @@ def test_bench_smoke(name: str, smoke_runs: dict[str, Future[Run]]) -> None:
     assert res.returncode == 0, f"{name} --smoke exited {res.returncode}\n{log}"
     assert res.stdout.strip(), f"{name} --smoke printed nothing\n{log}"
     assert re.search(EXPECT[name], res.stdout), f"{name} --smoke did not print /{EXPECT[name]}/\n{log}"
+
+
+def test_spec_prompts_are_counted_under_smollm2s_chat_template() -> None:
+    """bench/data/spec_prompts.json states each prompt's kind and its length under
+    SmolLM2's chat template (bench_spec.py sizes its KV cache by them): at least 8 prompts
+    of each of the four kinds issue 40 names, each 200-600 tokens, every count exact. Skips
+    where the model is not cached (the quick lane never downloads it)."""
+    from sarathi_rt.models.hub import NAMED_MODELS, cache_dir, named_model_path
+    from sarathi_rt.text.tokenizer import Tokenizer
+
+    data = json.loads((BENCH / "data" / "spec_prompts.json").read_text())
+    kinds = [p["kind"] for p in data["prompts"]]
+    assert {k: kinds.count(k) for k in set(kinds)} == {k: max(8, kinds.count(k))
+                                                      for k in ("summarize", "edit", "code", "qa")}
+    assert all(200 <= p["tokens"] <= 600 for p in data["prompts"])
+    model = "smollm2-135m-instruct"
+    if not (cache_dir() / model / Path(NAMED_MODELS[model].member).name).is_file():
+        pytest.skip(f"{model} is not in the model cache {cache_dir()}")
+    tokenizer = Tokenizer.from_gguf(named_model_path(model))
+    counted = [len(tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}], add_generation_prompt=True))
+               for p in data["prompts"]]
+    assert counted == [p["tokens"] for p in data["prompts"]]
 
 
 def test_adaptive_budget_reuses_statics_only_when_they_reproduce(tmp_path: Path) -> None:
