@@ -33,11 +33,11 @@ constexpr int64_t kTileBytes = 256 << 10;
 // compute-bound from a few rows on: the bf16 LM head at 5 rows cost 2.6x its 1-row time.
 template <typename T, int W, int64_t BM, int64_t BN, bool Dot = false>
 SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
-  // Fixed trip counts keep the accumulators in registers: a block past the last row
-  // reads the last row again and discards it.
+  // Fixed trip counts keep the accumulators in registers. gemm_range sizes each block to
+  // x's rows left; w's last block may pass its last row, which it reads again and discards.
   const T* x[BM];
   const T* w[BN];
-  for (int64_t i = 0; i < BM; ++i) x[i] = static_cast<const T*>(p.x) + std::min(m0 + i, p.m - 1) * p.ldx;
+  for (int64_t i = 0; i < BM; ++i) x[i] = static_cast<const T*>(p.x) + (m0 + i) * p.ldx;
   for (int64_t j = 0; j < BN; ++j) w[j] = static_cast<const T*>(p.w) + std::min(n0 + j, p.n - 1) * p.ldw;
   cpu::vec<W> acc[BM][BN] = {};
   if constexpr (Dot) {
@@ -91,8 +91,8 @@ SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
   for (int64_t g = 0; g < kGroups; ++g) cpu::store(sums + g * W, cpu::reduce_addN<W>(flat + g * W));
   const auto* bias = static_cast<const T*>(p.bias);
   auto* y = static_cast<T*>(p.y) + m0 * p.ldy + n0;
-  const int64_t rows_m = std::min(BM, p.m - m0), rows_n = std::min(BN, p.n - n0);
-  for (int64_t i = 0; i < rows_m; ++i) {
+  const int64_t rows_n = std::min(BN, p.n - n0);
+  for (int64_t i = 0; i < BM; ++i) {
     for (int64_t j = 0; j < rows_n; ++j) {
       const float b = bias != nullptr ? cpu::to_float(bias[n0 + j]) : 0.0f;
       y[i * p.ldy + j] = cpu::from_float<T>(sums[i * BN + j] + b);
