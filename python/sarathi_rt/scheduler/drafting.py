@@ -49,15 +49,11 @@ class Drafting:
 
     def _decodes_step_time(self, decodes: Sequence[Request]) -> Callable[[int], float] | None:
         """A step of `decodes` alone with `extra` draft rows, as `_draft_step_time` prices it."""
-        model = self.step_time_model
-        if model is None:
+        if self.step_time_model is None:
             return None
         kv = sum(r.num_computed for r in decodes)
         shape = StepShape(num_decodes=len(decodes), decode_kv=kv + len(decodes), num_sampled=len(decodes))
-        if not math.isfinite(model.predict_shape(shape)):
-            return None
-        context = kv // len(decodes)
-        return lambda extra: model.predict_shape(shape.with_drafts(extra, context))
+        return self._with_drafts(shape, kv // len(decodes))
 
     def set_proposals(self, request_id: Hashable, n: int) -> None:
         """Speculative decoding: the request has `n` proposed tokens for its next decode.
@@ -106,13 +102,16 @@ class Drafting:
         """The step's predicted seconds with `extra` draft rows on `decodes` (priced as
         causal-chunk rows over their mean context, each sampled); None without a model,
         or one that cannot predict yet (an engine's before its first step)."""
+        if self.step_time_model is None or not decodes:
+            return None
+        return self._with_drafts(StepShape.of_plan(b.plan), sum(e.start_pos for e in decodes) // len(decodes))
+
+    def _with_drafts(self, shape: StepShape, context: int) -> Callable[[int], float] | None:
+        """Seconds of a step of `shape` plus `extra` draft rows over `context` cached
+        tokens each (StepShape.with_drafts); None when the model cannot predict yet."""
         model = self.step_time_model
-        if model is None or not decodes:
+        if model is None or not math.isfinite(model.predict_shape(shape)):
             return None
-        shape = StepShape.of_plan(b.plan)
-        if not math.isfinite(model.predict_shape(shape)):
-            return None
-        context = sum(e.start_pos for e in decodes) // len(decodes)
         return lambda extra: model.predict_shape(shape.with_drafts(extra, context))
 
     def _prefill_waiting(self, budget_left: int) -> int:
