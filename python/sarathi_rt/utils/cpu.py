@@ -51,27 +51,29 @@ DTYPE_HELP = (f"float32, bfloat16 or float16 (also bf16, fp16, half); default: o
               "emulated); on CUDA bfloat16 (float16 before SM 8.0)")
 
 
-def native_flags(path: Path = CPUINFO) -> set[str]:
-    """The first CPU's feature flags (empty where there is no /proc/cpuinfo or it lists
-    no x86 flags: then no native bf16 is assumed)."""
+def _cpuinfo_field(name: str, path: Path) -> str | None:
+    """The first CPU's `name` line's value in /proc/cpuinfo (None where there is no such
+    file or line)."""
     try:
         text = path.read_text()
     except OSError:
-        return set()
+        return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        if line.startswith(name):
+            return line.split(":", 1)[1]
+    return None
+
+
+def native_flags(path: Path = CPUINFO) -> set[str]:
+    """The first CPU's feature flags (empty where there is no /proc/cpuinfo or it lists
+    no x86 flags: then no native bf16 is assumed)."""
+    return set((_cpuinfo_field("flags", path) or "").split())
 
 
 def is_amd(path: Path = CPUINFO) -> bool:
     """Whether the CPU is AMD's (its vendor_id): MKL, torch's float32 GEMM, runs slower
     code there, which decides the CPU linear's kernel (ops/linear.py)."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return False
-    return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in text.splitlines())
+    return "AuthenticAMD" in (_cpuinfo_field("vendor_id", path) or "")
 
 
 def native_isa(flags: Iterable[str]) -> str:
