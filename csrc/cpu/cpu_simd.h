@@ -52,6 +52,8 @@ IsaLevel isa_level();
 // Caps isa_level() at `cap` (a level above the CPU's runs the CPU's); set by Python when
 // the core loads (SARATHI_RT_CPU_ISA) and by the tests of each level.
 void set_isa_cap(IsaLevel cap);
+// The threads an OpenMP parallel region runs on (1 in a build without OpenMP).
+int max_threads();
 
 // The register width, in floats, each level's clone of a kernel computes in: GCC keeps a
 // vector wider than the target's registers in memory (see VecTypes below).

@@ -8,6 +8,7 @@
 // the same order, then reduced by reduce_addN, whatever block or tile its row falls in, so
 // a row's result does not depend on the other rows in the call.
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "cpu_simd.h"
@@ -87,11 +88,29 @@ SRT_SIMD_INLINE void gemm_block(const GemmParams& p, int64_t m0, int64_t n0) {
   constexpr int64_t kAcc = BM * BN, kGroups = (kAcc + W - 1) / W;
   cpu::vec<W> flat[kGroups * W];
   for (int64_t a = 0; a < kGroups * W; ++a) flat[a] = a < kAcc ? acc[a / BN][a % BN] : cpu::vec<W>{};
-  float sums[kGroups * W];
-  for (int64_t g = 0; g < kGroups; ++g) cpu::store(sums + g * W, cpu::reduce_addN<W>(flat + g * W));
   const auto* bias = static_cast<const T*>(p.bias);
   auto* y = static_cast<T*>(p.y) + m0 * p.ldy + n0;
   const int64_t rows_n = std::min(BN, p.n - n0);
+  if constexpr (kGroups == 1) {
+    // The whole block's sums in one vector (lane i * BN + j: row i, w row j): the bias
+    // added, rounded to T and stored a row at a time in vector code. Per element it was
+    // the scalar round of from_float and a store, ~a third of a 4 x 4 bf16 block's
+    // instructions at k = 576. The same adds and roundings, so the same bits.
+    if (rows_n == BN) {
+      cpu::vec<W> sums = cpu::reduce_addN<W>(flat);
+      if (bias != nullptr) {
+        float b[W] = {};
+        for (int64_t a = 0; a < kAcc; ++a) b[a] = cpu::to_float(bias[n0 + a % BN]);
+        sums += cpu::load<W>(b);
+      }
+      T rounded[W];
+      cpu::store_as<T, W>(rounded, sums);
+      for (int64_t i = 0; i < BM; ++i) std::memcpy(y + i * p.ldy, rounded + i * BN, BN * sizeof(T));
+      return;
+    }
+  }
+  float sums[kGroups * W];
+  for (int64_t g = 0; g < kGroups; ++g) cpu::store(sums + g * W, cpu::reduce_addN<W>(flat + g * W));
   for (int64_t i = 0; i < BM; ++i) {
     for (int64_t j = 0; j < rows_n; ++j) {
       const float b = bias != nullptr ? cpu::to_float(bias[n0 + j]) : 0.0f;
@@ -142,19 +161,22 @@ void gemm_range_base(const GemmParams& p, int64_t blk0, int64_t blk1, int64_t t0
   gemm_range<T, 8, 4, 3>(p, blk0, blk1, t0, t1);
 }
 
-// Every tile of x's rows against all of w, a task per 64 of w's row blocks (a call per
-// 256 of w's rows: its cost vanishes), `range` being the level's compiled range of BN-row blocks.
+// Every tile of x's rows against all of w, w's row blocks split into one contiguous range
+// per thread, `range` being the level's compiled range of BN-row blocks. Equal shares, not
+// fixed-size tasks: 64-block tasks left one of two threads 512 of SmolLM2's 576 o/down
+// rows (3 tasks), which made those projections ~2x slower than the qkv and gate_up ones.
 template <typename T, int64_t BN>
 void gemm_tiles(const GemmParams& p, RangeFn range) {
-  constexpr int64_t kBlocksPerTask = 64, BM = 4;
+  constexpr int64_t BM = 4;
   const int64_t row_bytes = std::max<int64_t>(1, p.k * int64_t{sizeof(T)});
   const int64_t tile = std::max(BM, kTileBytes / row_bytes / BM * BM);
-  const int64_t blocks = ceil_div(p.n, BN), tasks = ceil_div(blocks, kBlocksPerTask);
+  const int64_t blocks = ceil_div(p.n, BN);
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(blocks, cpu::max_threads()));
   for (int64_t t0 = 0; t0 < p.m; t0 += tile) {
     const int64_t t1 = std::min(p.m, t0 + tile);
 #pragma omp parallel for schedule(static)
-    for (int64_t task = 0; task < tasks; ++task) {
-      range(p, task * kBlocksPerTask, std::min(blocks, (task + 1) * kBlocksPerTask), t0, t1);
+    for (int64_t share = 0; share < shares; ++share) {
+      range(p, blocks * share / shares, blocks * (share + 1) / shares, t0, t1);
     }
   }
 }

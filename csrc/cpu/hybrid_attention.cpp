@@ -39,10 +39,6 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
 #include "cpu_simd.h"
 #include "sarathi_rt/attention_plan.h"
 #include "sarathi_rt/kv_ops.h"
@@ -510,13 +506,6 @@ void merge_base(const HybridAttentionParams& p, const Shape& sh, const Attention
   merge_pieces<T, cpu::kWidthBase>(p, sh, mg, partials, t);
 }
 
-int max_threads() {
-#if defined(_OPENMP)
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 
 Shape shape_of(const HybridAttentionParams& p) {
   return Shape{p.num_q_heads / p.layout.num_kv_heads, p.layout.head_dim, round_up(p.layout.head_dim, kCpuVectorLanes),
@@ -582,7 +571,7 @@ void run_plan(const HybridAttentionParams& p, const int32_t* plan, const Attenti
 
 }  // namespace
 
-int64_t cpu_attention_workers() { return 2 * static_cast<int64_t>(max_threads()); }
+int64_t cpu_attention_workers() { return 2 * static_cast<int64_t>(cpu::max_threads()); }
 
 Status hybrid_attention_cpu(const HybridAttentionParams& p) {
   AttentionPlanInputs in;

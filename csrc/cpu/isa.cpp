@@ -2,6 +2,10 @@
 #include <algorithm>
 #include <atomic>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #include "cpu_simd.h"
 
 namespace sarathi_rt::cpu {
@@ -28,5 +32,13 @@ IsaLevel isa_level() {
 }
 
 void set_isa_cap(IsaLevel cap) { g_cap.store(static_cast<int>(cap), std::memory_order_relaxed); }
+
+int max_threads() {
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
 
 }  // namespace sarathi_rt::cpu
