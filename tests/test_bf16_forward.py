@@ -49,7 +49,10 @@ def test_the_layers_make_no_float32_copies(emulated_bf16: None) -> None:
             hidden, residual = worker.model(ctx, input_ids=input_ids)
         assert hidden.dtype is residual.dtype is torch.bfloat16
         ops = {op for op, _ in recorder.seen}
-        assert {"linear", "embedding", "empty_like"} <= ops, f"the layers' calls were not seen: {sorted(ops)}"
+        # A GEMM shows as torch's `linear` or as the `empty` output our kernel writes
+        # (which one runs is ops/linear.py's rule for this CPU).
+        assert {"embedding", "empty_like"} <= ops and ops & {"linear", "empty"}, \
+            f"the layers' calls were not seen: {sorted(ops)}"
         upcasts = {key: n for key, n in recorder.seen.items() if key[1] not in (None, torch.bfloat16)}
         assert not upcasts, f"ops in the bf16 forward made non-bf16 float tensors: {upcasts}"
 

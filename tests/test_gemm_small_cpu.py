@@ -34,11 +34,12 @@ def level(request: pytest.FixtureRequest) -> Iterator[str]:
     _C.set_cpu_isa(before)
 
 
-@pytest.fixture(params=[True, False], ids=["float32-ours", "by-size"])
-def rule(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Each branch of ops.linear's per-weight rule, whatever this CPU is: whether float32
-    runs our kernel on every weight."""
-    monkeypatch.setattr(linear_module, "_OURS_FLOAT32", request.param)
+@pytest.fixture(params=[torch.float32, torch.bfloat16, None], ids=["float32-ours", "bfloat16-ours", "by-size"])
+def rule(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> torch.dtype | None:
+    """Each branch of ops.linear's per-weight rule, whatever this CPU is: the dtype that
+    runs our kernel on every weight (None: each dtype by the weight's size)."""
+    monkeypatch.setattr(linear_module, "_OURS_FLOAT32", request.param == torch.float32)
+    monkeypatch.setattr(linear_module, "_OURS_BFLOAT16", request.param == torch.bfloat16)
     return request.param
 
 
@@ -66,7 +67,7 @@ def test_our_kernel_matches_float64_on_ragged_rows_at_every_level(level: str, dt
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (9, 37)])
-def test_a_row_does_not_depend_on_the_rows_beside_it(level: str, rule: bool, dtype: torch.dtype,
+def test_a_row_does_not_depend_on_the_rows_beside_it(level: str, rule: torch.dtype | None, dtype: torch.dtype,
                                                      n: int, k: int) -> None:
     """Batch invariance at every level and under every branch of the rule: row i of an
     M-row call equals the same row alone, and the rows of any slice, bit for bit."""
@@ -86,14 +87,14 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(level: str, rule: bool, dty
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_kernel_is_chosen_by_the_weight_never_by_the_rows(rule: bool, dtype: torch.dtype) -> None:
+def test_the_kernel_is_chosen_by_the_weight_never_by_the_rows(rule: torch.dtype | None, dtype: torch.dtype) -> None:
     small, large = torch.empty(960, 576, dtype=dtype), torch.empty(49152, 576 if dtype == torch.float32 else 1152,
                                                                    dtype=dtype)
     for weight in (small, large):
         chosen = {linear_module._streams_weight(torch.empty(m, weight.shape[1], dtype=dtype), weight, None)
                   for m in (1, 2, 7, 16, 17, 64, 512)}
         assert len(chosen) == 1
-        expected = (dtype == torch.float32 and rule) or weight is large
+        expected = dtype == rule or weight is large
         assert chosen == {expected}, (dtype, tuple(weight.shape))
 
 

@@ -5,11 +5,10 @@ tile configuration and split-K that `gemm_plan` chooses for (M, N, K, SMs), so t
 runtime knows the tile its steps are aligned to. Split-K adds its K slices up in float32
 too and rounds once, so it agrees with the unsplit GEMM to the output dtype's rounding.
 float32, and shapes the 16-byte vectorized kernels cannot take (K or N not a multiple of
-8, misaligned views), go to torch. On the CPU this is torch's own GEMM (oneDNN/MKL), which a hand-written one of ours
-would not beat, except in one case that decode steps hit every time: a few rows against
-a weight too large to stay in cache (the LM head). That product is bound by reading the
-weight, which torch's GEMM does at a fraction of memory bandwidth; our kernel streams it
-once (bench/RESULTS.md has the comparison).
+8, misaligned views), go to torch. On the CPU it is torch's own GEMM (oneDNN/MKL) or our
+streamed kernel, by the rule below: decode steps multiply a few rows by each weight, a
+product bound by reading the weight, which torch's GEMM does at a fraction of memory
+bandwidth on rows padded to 16, where ours streams it once (bench/RESULTS.md).
 
 On the CPU every row's result is independent of the other rows in the call (batch
 invariance), so a token's activations, KV and logits do not depend on what else shares
@@ -30,13 +29,17 @@ must win at 1-16 rows and stay close at 512 (bench/bench_gemm_small.py; RESULTS.
   bandwidth ours does at 1-4 rows and was still 1.45x slower than ours at 512 rows (one
   thread, AVX-512; AVX2 in RESULTS.md). On Intel, where MKL is at home, this is
   unmeasured and torch keeps the weights under 16 MiB.
+- bfloat16 at the avx512_bf16 level (AVX512-BF16 without AMX): ours for every weight.
+  It multiplies bf16 pairs with vdpbf16ps; with each thread given an equal share of w
+  and each 4 x 4 block's sums rounded and stored in vector code, it reads SmolLM2's
+  projections 2-3x faster than oneDNN on rows padded to 16 at 1-16 rows and is within
+  0.89-1.02x of its time at 512 rows at two threads (1.07-1.15x at one; RESULTS.md,
+  "bf16 projections on our kernel").
 - everything else: ours for weights of 16 MiB and more (read from memory on every call:
-  the LM head), torch for the rest. In bf16 at the avx512_bf16 level ours multiplies bf16
-  pairs (vdpbf16ps) instead of converting to float32 for FMAs: SmolLM2's LM head, one
-  thread, CPU ms at 1 / 5 / 16 rows, ours 2.0 / 3.7 / 7.2 against torch's 4.7 on rows
-  padded to 16 (converting, ours took 3.7 / 9.5 / 14.5). oneDNN wins from ~8 rows on, but
-  decodes at low load and a request verifying its drafts run 1-5 rows, where a head padded
-  to 16 rows costs more than ours; so bf16 keeps this rule.
+  the LM head), torch for the rest. With AMX, oneDNN's bf16 runs on tiles that compute
+  several times what vdpbf16ps does, so prefill chunks would lose more on ours than
+  decodes gain (not measured: no AMX host was at hand); emulated bf16 and float16 have
+  no native pair product in ours.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES, check_same, check_tensor, device_code, stream_of
 from sarathi_rt.ops._registry import KERNELS, native_op
 from sarathi_rt.ops.gemm_plan import gemm_plan
-from sarathi_rt.utils.cpu import is_amd
+from sarathi_rt.utils.cpu import is_amd, isa_level, native_flags
 
 _FLOATS = tuple(DTYPE_CODES)
 _ALIGN = 8  # elements per 16-byte vector of a 16-bit dtype
@@ -85,6 +88,7 @@ def cpu_padded_rows(m: int) -> int:
 # process's (SARATHI_RT_CPU_ISA applies when the core loads, before this module); our
 # kernel is vectorized at every level above base.
 _OURS_FLOAT32 = is_amd() and _C.cpu_isa() != "base"
+_OURS_BFLOAT16 = isa_level(native_flags()) == "avx512_bf16"
 
 
 def _streams_weight(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -93,7 +97,7 @@ def _streams_weight(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     operands = (x2, weight) + (() if bias is None else (bias,))
     if x2.shape[0] == 0 or any(t.stride(-1) != 1 for t in operands):
         return False
-    if weight.dtype == torch.float32 and _OURS_FLOAT32:
+    if (weight.dtype == torch.float32 and _OURS_FLOAT32) or (weight.dtype == torch.bfloat16 and _OURS_BFLOAT16):
         return True
     return weight.numel() * weight.element_size() >= _STREAMED_WEIGHT_BYTES
 
