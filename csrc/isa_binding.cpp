@@ -41,6 +41,8 @@ void set_cpu_isa(const std::string& name) {
 void bind_isa(py::module_& m) {
   m.def("cpu_isa", [] { return isa_name(cpu::isa_level()); }, "The ISA level the CPU kernels run: base, avx2, avx512 or avx512_bf16.");
   m.def("cpu_isa_native", [] { return isa_name(cpu::native_isa_level()); }, "The highest level this CPU runs.");
+  m.def("release_cpu_threads", &cpu::release_threads,
+        "End the OpenMP worker threads this thread started (the next parallel region it runs starts new ones).");
   m.def("set_cpu_isa", &set_cpu_isa, py::arg("level"),
         "Run the CPU kernels at `level` (base, avx2, avx512 or avx512_bf16), at most the CPU's own.");
   const py::object level = py::module_::import("sarathi_rt.utils.cpu").attr("kernel_isa")();

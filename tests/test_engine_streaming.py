@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 
 import pytest
 
 from hf_models import HFModel, build
-from sarathi_rt import LLM, SamplingParams
+from sarathi_rt import LLM, SamplingParams, _C
 from sarathi_rt.cli import main
 from sarathi_rt.config.tree import DEFAULT_MODEL
-from sarathi_rt.engine import AsyncLLMEngine
+from sarathi_rt.engine import AsyncLLMEngine, async_engine
 
 PROMPTS = [[5, 6, 7], list(range(10, 40)), [9], list(range(100, 117))]
 PARAMS = [SamplingParams(temperature=0.0, max_tokens=n) for n in (5, 3, 8, 6)]
@@ -99,6 +100,49 @@ def test_async_engine_serves_concurrent_clients(llm: LLM, expected: list[list[in
     assert left == 1
     llm.engine.step()  # reports the aborted request
     assert _clean(llm)
+
+
+def test_async_engine_steps_on_one_thread_of_its_own(llm: LLM, expected: list[list[int]],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step runs on the same thread, not the event loop's (libgomp keeps a team of
+    workers per thread that runs kernels: one stepping thread keeps one team), and the
+    thread that built the async engine gave up its OpenMP workers; close() ends the thread."""
+    stepped_on: set[int] = set()
+    real_step = llm.engine.step
+
+    def step() -> list:
+        stepped_on.add(threading.get_ident())
+        return real_step()
+
+    monkeypatch.setattr(llm.engine, "step", step)
+
+    async def main_() -> tuple[list[list[int]], AsyncLLMEngine]:
+        aengine = AsyncLLMEngine(llm.engine)
+        runs = []
+        for i in range(len(PROMPTS)):  # one request at a time: a step loop each
+            runs.append([t for out in [o async for o in aengine.generate(PROMPTS[i], PARAMS[i])]
+                         for t in out.new_token_ids])
+        return runs, aengine
+
+    released = []
+    monkeypatch.setattr(async_engine._C, "release_cpu_threads", lambda: released.append(threading.get_ident()))
+    results, aengine = asyncio.run(main_())
+    assert results == expected
+    assert released == [threading.get_ident()]
+    assert len(stepped_on) == 1 and threading.get_ident() not in stepped_on
+    (step_thread,) = [t for t in threading.enumerate() if t.ident in stepped_on]
+    aengine.close()
+    step_thread.join(timeout=10)
+    assert not step_thread.is_alive()
+    assert _clean(llm)
+
+
+def test_releasing_the_cpu_threads_keeps_the_kernels_working() -> None:
+    """After release_cpu_threads the next parallel region starts new workers: the same results."""
+    llm = LLM("tiny", num_kv_blocks=16, block_size=8)
+    before = llm.generate([PROMPTS[1]], PARAMS[1], use_tqdm=False)[0].token_ids
+    _C.release_cpu_threads()
+    assert llm.generate([PROMPTS[1]], PARAMS[1], use_tqdm=False)[0].token_ids == before
 
 
 @pytest.mark.slow

@@ -54,6 +54,12 @@ IsaLevel isa_level();
 void set_isa_cap(IsaLevel cap);
 // The threads an OpenMP parallel region runs on (1 in a build without OpenMP).
 int max_threads();
+// Ends the OpenMP worker threads the calling thread started (its next parallel region
+// starts new ones). libgomp keeps a team of workers per thread that ran a parallel region
+// and, once more workers exist than cores, makes every worker sleep as soon as its region
+// ends, so each region then waits for its workers to be woken: a thread handing the
+// kernels over to another one calls this (engine/async_engine.py).
+void release_threads();
 
 // The register width, in floats, each level's clone of a kernel computes in: GCC keeps a
 // vector wider than the target's registers in memory (see VecTypes below).

@@ -41,4 +41,10 @@ int max_threads() {
 #endif
 }
 
+void release_threads() {
+#if defined(_OPENMP)
+  omp_pause_resource_all(omp_pause_soft);  // libgomp: the calling thread's team
+#endif
+}
+
 }  // namespace sarathi_rt::cpu

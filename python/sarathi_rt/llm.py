@@ -201,6 +201,8 @@ class LLM:
     def _async_engine(self) -> AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         if self._async is None or self._async_loop is not loop:
+            if self._async is not None:  # its loop is gone: so is any use of its step thread
+                self._async.close()
             self._async, self._async_loop = AsyncLLMEngine(self.engine), loop
         return self._async
 

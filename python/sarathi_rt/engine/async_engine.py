@@ -1,13 +1,22 @@
 """Serve an LLMEngine from asyncio: per-request async streams of outputs, with the steps
-run in a worker thread so the event loop stays responsive."""
+run in a thread of their own so the event loop stays responsive.
+
+One thread, always the same, runs every step, and the thread that built the engine gives
+its OpenMP workers up to it (`_C.release_cpu_threads`). libgomp keeps a team of workers
+for each thread that has run a parallel region; with two teams on two cores it counted
+more workers than cores and put each to sleep the moment its region ended, so every
+kernel call waited for a futex wake-up: SmolLM2 decoded one stream at 67 tok/s through
+the server against 131 from `LLM.generate` (bench/RESULTS.md, "The step thread")."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Sequence
 from typing import Hashable
 
+from sarathi_rt import _C
 from sarathi_rt.sampling import SamplingParams
 
 from .grammar_pool import GrammarPool
@@ -43,6 +52,13 @@ class AsyncLLMEngine:
         self._running: dict[Hashable, int] = {}  # request id -> samples not finished
         self._task: asyncio.Task[None] | None = None
         self._aborts: set[asyncio.Task[bool]] = set()  # kept referenced until they run
+        self._stepper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sarathi-rt-step")
+        _C.release_cpu_threads()  # this thread's workers: the step thread starts its own
+
+    def close(self) -> None:
+        """End the step thread (after a step it is running). The engine stays usable by
+        its owner; stepping it from here again would need a new AsyncLLMEngine."""
+        self._stepper.shutdown(wait=False)
 
     async def add_request(self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None,
                           queue: asyncio.Queue[RequestOutput | Exception] | None = None, *, qos: str | None = None,
@@ -131,7 +147,7 @@ class AsyncLLMEngine:
                 if not self.engine.has_unfinished():
                     return
                 try:
-                    outputs = await asyncio.to_thread(self.engine.step)
+                    outputs = await asyncio.get_running_loop().run_in_executor(self._stepper, self.engine.step)
                 except Exception as exc:  # every waiting stream re-raises it
                     for queue in self._queues.values():
                         queue.put_nowait(exc)
