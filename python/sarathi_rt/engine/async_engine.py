@@ -142,6 +142,15 @@ class AsyncLLMEngine:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
+        try:
+            await self._step_while_unfinished()
+        finally:
+            # Idle: the step thread ends its OpenMP workers too, so whoever steps the engine
+            # directly meanwhile (LLM.generate on the building thread) holds the only team.
+            with contextlib.suppress(RuntimeError):  # closed: its thread has ended
+                self._stepper.submit(_C.release_cpu_threads)
+
+    async def _step_while_unfinished(self) -> None:
         while True:
             async with self._lock:
                 if not self.engine.has_unfinished():
