@@ -506,7 +506,6 @@ void merge_base(const HybridAttentionParams& p, const Shape& sh, const Attention
   merge_pieces<T, cpu::kWidthBase>(p, sh, mg, partials, t);
 }
 
-
 Shape shape_of(const HybridAttentionParams& p) {
   return Shape{p.num_q_heads / p.layout.num_kv_heads, p.layout.head_dim, round_up(p.layout.head_dim, kCpuVectorLanes),
                cpu_attention_max_rows(p.layout.num_kv_heads),

@@ -33,7 +33,7 @@ import torch
 
 from sarathi_rt import _C
 from sarathi_rt.ops._checks import DTYPE_CODES
-from sarathi_rt.ops.linear import _streams_weight, cpu_padded_rows
+from sarathi_rt.ops.linear import _streams_weight, bound_cpu_gemm, cpu_padded_rows
 
 from .context import StepContext
 from .llama import MLP, Attention, DecoderLayer, Linear, LlamaForCausalLM, RMSNorm
@@ -52,20 +52,16 @@ class _Gemm:
     def __init__(self, linear: Linear, x: torch.Tensor, out: torch.Tensor) -> None:
         self.weight, self.bias, self.x, self.out = linear.weight, linear.bias, x, out
         self.weight_t = linear.weight.t()
-        self.streamed = _streams_weight(x[:1], linear.weight, linear.bias)
-        # The streamed call's arguments but the row count, read once: the op wrapper's
-        # views, pointer and stride reads cost ~5 us a call, 0.6 ms of a 1-row SmolLM2
-        # step's 121 GEMMs. The same kernel call as ops.linear's, so the same bits.
-        n, k = linear.weight.shape
-        self._pointers = (x.data_ptr(), linear.weight.data_ptr(), 0 if linear.bias is None else linear.bias.data_ptr(),
-                          out.data_ptr())
-        self._shape = (n, k, (x.stride(0), linear.weight.stride(0), out.stride(0)), DTYPE_CODES[x.dtype])
+        self._streamed_call = bound_cpu_gemm(x, linear.weight, linear.bias, out) \
+            if _streams_weight(x[:1], linear.weight, linear.bias) else None
+
+    @property
+    def streamed(self) -> bool:
+        return self._streamed_call is not None
 
     def __call__(self, rows: int) -> None:
-        if self.streamed:
-            x, w, b, y = self._pointers
-            n, k, strides, dtype = self._shape
-            _C.gemm(x, w, b, y, rows, n, k, strides, dtype, 0, 1, 0, 0, _CPU, _NO_STREAM)
+        if self._streamed_call is not None:
+            self._streamed_call(rows)
         elif self.bias is None:
             torch.mm(self.x, self.weight_t, out=self.out)
         else:
