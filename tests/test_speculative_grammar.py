@@ -19,6 +19,7 @@ from text_models import tiny_tokenizer
 from sarathi_rt import LLM, SamplingParams
 from sarathi_rt.engine.step_io import RowSampling, SequenceChunk
 from sarathi_rt.engine.structured import Grammar, GrammarCompiler
+from sarathi_rt.scheduler.drafting import Drafting
 from sarathi_rt.spec import ProposalSource
 
 xgrammar = pytest.importorskip("xgrammar")
@@ -189,6 +190,10 @@ def test_draft_model_greedy_equals_plain_decoding(monkeypatch: pytest.MonkeyPatc
     masks decide what is accepted)."""
     params = _greedy(80)
     ref = _llm(model="tiny-deep").generate(PROMPTS[:4], params[:4], use_tqdm=False)
+    # Drafts priced by the token budget alone: the step-time model learns from wall-clock
+    # steps, and on a loaded machine it priced every one of tiny's low-acceptance drafts
+    # out (no draft at all in one run), which would leave nothing here to check.
+    monkeypatch.setattr(Drafting, "_with_drafts", lambda self, shape, context: None)
     for draft in ("tiny", "tiny-deep"):
         cuts = CutCounter(monkeypatch)
         llm = _llm({"method": "draft", "model": draft, "k": 3}, model="tiny-deep")
