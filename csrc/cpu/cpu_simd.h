@@ -359,24 +359,12 @@ struct LineAllocator {
   bool operator!=(const LineAllocator&) const { return false; }
 };
 
-// a < b per lane, as all-ones / zero lanes. 16 lanes are compared as two 8-lane halves:
-// where the target has no 16-lane float compare (AVX2), GCC turns a 16-lane one into 16
-// scalar compares and branches, but compiles each 8-lane one to a single instruction.
+// a < b per lane, as all-ones / zero lanes. W is the clone's register width, so this is
+// one compare (into a mask register at the AVX-512 level): a 16-lane compare in an AVX2
+// clone would scalarize, which is why every kernel computes at its level's width.
 template <int W = kLanes>
 SRT_SIMD_INLINE ivec<W> less(const vec<W>& a, const vec<W>& b) {
-  if constexpr (W == 16) {
-    // memcpy, not __builtin_shufflevector: GCC moves the halves through registers then,
-    // where it rebuilds a shuffled 16-lane vector lane by lane.
-    vec<8> half[4];
-    std::memcpy(&half[0], &a, sizeof(a));
-    std::memcpy(&half[2], &b, sizeof(b));
-    const ivec<8> mask[2] = {half[0] < half[2], half[1] < half[3]};
-    ivec<W> out;
-    std::memcpy(&out, mask, sizeof(out));
-    return out;
-  } else {
-    return a < b;
-  }
+  return a < b;
 }
 // Lanes of `a` where `mask` (from less) is set, of `b` elsewhere: bitwise, so no lane
 // is compared again (a 16-lane `?:` scalarizes on AVX2 like the compare).

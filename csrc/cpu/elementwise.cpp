@@ -150,12 +150,7 @@ template <typename T>
 struct SiluAndMulFn {
   template <int W>
   struct Row {
-    // At most 8 lanes: the AVX-512 level ran this row at 16 lanes several times slower
-    // than the AVX2 level at 8 (less<16> compares as two 8-lane halves moved through
-    // memory), so it runs 8-lane (AVX-512VL) vectors there too.
-    static SRT_SIMD_INLINE void run(const SiluAndMulParams& p, int64_t t) {
-      silu_and_mul_row<T, (W < cpu::kWidthV3 ? W : cpu::kWidthV3)>(p, t);
-    }
+    static SRT_SIMD_INLINE void run(const SiluAndMulParams& p, int64_t t) { silu_and_mul_row<T, W>(p, t); }
   };
   static void run(const SiluAndMulParams& p) {
     cpu::for_each_token<Row>(p, p.num_tokens * p.intermediate > kParallelElems);
