@@ -114,6 +114,10 @@ struct Scratch {
 // keys from the pages with float32 values, `len` = dim for both.)
 template <typename KT, typename VT = KT>
 struct Chunk {
+  // The caller sets the row pointers of the chunk's n keys; the rest stay unset, not
+  // zeroed (a 512-byte fill per chunk, a decode's largest fixed cost after the softmax).
+  Chunk(int64_t j0, int64_t n, int64_t len, int64_t heads, int64_t head_stride)
+      : j0(j0), n(n), len(len), heads(heads), head_stride(head_stride) {}
   const KT* k[kKeyChunk];
   const VT* v[kKeyChunk];
   int64_t j0, n, len, heads, head_stride;
@@ -385,14 +389,14 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
     if (j0 + kKeyChunk < k_stop) find_chunk(j0 + kKeyChunk, offsets[at ^ 1]);
     const int64_t* off = offsets[at];
     if (per_head <= kCpuDirectRows) {
-      Chunk<T> c{{}, {}, j0, n, sh.dim, w.num_heads, sh.dim};
+      Chunk<T> c(j0, n, sh.dim, w.num_heads, sh.dim);
       for (int64_t j = 0; j < n; ++j) {
         c.k[j] = k_cache + off[j];
         c.v[j] = v_cache + off[j];
       }
       attend_chunk<W, Dot>(c, per_head, Dp, q_scale, softcap_log2, t);
     } else if constexpr (Dot) {  // many rows share each key: convert the values to float32 once (one head)
-      Chunk<T, float> c{{}, {}, j0, n, sh.dim, 1, Dp};
+      Chunk<T, float> c(j0, n, sh.dim, 1, Dp);
       for (int64_t j = 0; j < n; ++j) {
         float* v = t.v.data() + j * Dp;
         for (int64_t d = 0; d < Dp; d += W) cpu::store(v + d, cpu::load_row<W>(v_cache + off[j], d, sh.dim));
@@ -401,7 +405,7 @@ SRT_SIMD_INLINE void run_item(const HybridAttentionParams& p, const Shape& sh, c
       }
       attend_chunk<W, Dot>(c, per_head, Dp, q_scale, softcap_log2, t);
     } else {  // many rows share each key: convert the chunk to float32 once (one head)
-      Chunk<float> c{{}, {}, j0, n, Dp, 1, Dp};
+      Chunk<float> c(j0, n, Dp, 1, Dp);
       for (int64_t j = 0; j < n; ++j) {
         float* k = t.k.data() + j * Dp;
         float* v = t.v.data() + j * Dp;
