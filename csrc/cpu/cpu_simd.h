@@ -38,6 +38,8 @@
 // same reason no vector crosses a call boundary, and GCC's note that passing one would
 // depend on the ISA (-Wpsabi) does not apply.
 #define SRT_SIMD_INLINE inline __attribute__((always_inline))
+// The same for a lambda's body (a lambda is a function of its own, with no target).
+#define SRT_SIMD_INLINE_LAMBDA __attribute__((always_inline))
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace sarathi_rt::cpu {
@@ -282,21 +284,65 @@ struct Fold {
     return source + (o / Half) * 2 * Half + o % Half + Offset;
   }
 };
+// Two vectors, a then b, folded by one tree level: each block of 2 * Half lanes to its low
+// half plus its high half.
+template <int W, int Half>
+SRT_SIMD_INLINE vec<W> fold_pair(const vec<W>& a, const vec<W>& b) {
+  return shuffle<W, Fold<W, Half, 0>>(a, b) + shuffle<W, Fold<W, Half, Half>>(a, b);
+}
 // reduce_add of W vectors at once: lane j of the result sums v[j]'s lanes, every sum in
 // the same fixed order (each level adds lanes Half apart, two vectors' worth per vector
 // add), in W - 1 vector adds instead of W separate trees with their scalar tails.
 template <int W, int Half = W / 2>
 SRT_SIMD_INLINE vec<W> reduce_addN(const vec<W>* v) {
   vec<W> folded[Half];  // this level's vectors: W / 2, W / 4, ..., 1
-  for (int k = 0; k < Half; ++k) {
-    folded[k] = shuffle<W, Fold<W, Half, 0>>(v[2 * k], v[2 * k + 1]) +
-                shuffle<W, Fold<W, Half, Half>>(v[2 * k], v[2 * k + 1]);
-  }
+  for (int k = 0; k < Half; ++k) folded[k] = fold_pair<W, Half>(v[2 * k], v[2 * k + 1]);
   if constexpr (Half == 1) {
     return folded[0];
   } else {
     return reduce_addN<W, Half / 2>(folded);
   }
+}
+// reduce_addN's tree built as its W inputs arrive in order: add<j>(v) takes input j and
+// folds each pair of siblings as soon as both are in, so at most log2(W) + 1 vectors are
+// live where reduce_addN holds all W at once (for several rows, more vectors than there
+// are registers: they went through the stack). The same pairs, folded in the same order:
+// the same bits as reduce_addN.
+template <int W>
+class AddTree {
+ public:
+  template <int J>
+  SRT_SIMD_INLINE void add(const vec<W>& v) {
+    static_assert(J >= 0 && J < W, "one input per lane");
+    push<J, 0>(v);
+  }
+  // Lane j: the sum of input j's lanes (once all W inputs are in).
+  SRT_SIMD_INLINE const vec<W>& sums() const { return pending_[kLevels]; }
+
+ private:
+  static constexpr int kLevels = __builtin_ctz(W);
+  // Node J of tree level Level (whose folds add lanes W >> (Level + 1) apart).
+  template <int J, int Level>
+  SRT_SIMD_INLINE void push(const vec<W>& v) {
+    if constexpr (J % 2 == 0) {
+      pending_[Level] = v;  // a left child waits for its sibling
+    } else if constexpr (Level + 1 == kLevels) {
+      pending_[kLevels] = fold_pair<W, 1>(pending_[Level], v);
+    } else {
+      push<J / 2, Level + 1>(fold_pair<W, (W >> (Level + 1))>(pending_[Level], v));
+    }
+  }
+  vec<W> pending_[kLevels + 1];
+};
+// f(std::integral_constant<int, j>{}) for j = 0 .. N - 1 in order: a loop whose index is
+// a compile-time constant in each copy of the body.
+template <typename F, int... J>
+SRT_SIMD_INLINE void unroll_impl(F&& f, std::integer_sequence<int, J...>) {
+  (f(std::integral_constant<int, J>{}), ...);
+}
+template <int N, typename F>
+SRT_SIMD_INLINE void unroll(F&& f) {
+  unroll_impl(f, std::make_integer_sequence<int, N>{});
 }
 // Any order gives the same maximum; the halving tree keeps it in vector registers.
 template <int W = kLanes>
