@@ -200,33 +200,29 @@ SRT_SIMD_INLINE void softmax_step(float* s, int64_t first, int64_t visible, floa
 
 // s[i][j] = q[i] . key j for the block's rows and the chunk's keys of the head whose key
 // rows start `head` elements into the chunk's: per lane a running sum over head_dim, then
-// reduce_addN's tree (W keys at once, folded as the keys come: cpu::AddTree), so a
-// score's bits depend neither on the rows or keys beside it nor on where its key was
-// read. Lanes past the chunk's keys score 0 (softmax_step masks them). `dot(key, sums)`
-// fills the R rows' lane sums for one key.
-template <int R, int W, typename KT, typename VT, typename Dot>
-SRT_SIMD_INLINE void score_chunk(const Chunk<KT, VT>& c, int64_t head, const RowBlock& b, float scale, Dot&& dot) {
-  for (int64_t g = 0; g < c.n; g += W) {
-    const int64_t m = std::min<int64_t>(W, c.n - g);
-    cpu::AddTree<W> tree[R];
-    cpu::unroll<W>([&](auto j) SRT_SIMD_INLINE_LAMBDA {
-      vec<W> sum[R] = {};
-      if (j < m) dot(c.k[g + j] + head, sum);
-      for (int i = 0; i < R; ++i) tree[i].template add<j>(sum[i]);
-    });
-    for (int i = 0; i < R; ++i) cpu::store(b.s + i * kKeyChunk + g, tree[i].sums() * scale);
-  }
-}
-
+// reduce_addN's tree (W keys at once), so a score's bits depend neither on the rows or
+// keys beside it nor on where its key was read. Lanes past the chunk's keys score 0
+// (softmax_step masks them).
 template <int R, int W, typename KT>
 SRT_SIMD_INLINE void score_keys(const Chunk<KT>& c, int64_t head, const RowBlock& b) {
   const int64_t Dp = b.dim_padded;
-  score_chunk<R, W>(c, head, b, 1.0f, [&](const KT* key, vec<W>* sum) SRT_SIMD_INLINE_LAMBDA {
-    for (int64_t d = 0; d < Dp; d += W) {
-      const vec<W> k = cpu::load_row<W>(key, d, c.len);
-      for (int i = 0; i < R; ++i) sum[i] += cpu::load<W>(b.q + i * Dp + d) * k;
+  for (int64_t g = 0; g < c.n; g += W) {
+    vec<W> dot[R][W];
+    const int64_t m = std::min<int64_t>(W, c.n - g);
+    for (int64_t j = 0; j < m; ++j) {
+      const KT* key = c.k[g + j] + head;
+      vec<W> sum[R] = {};
+      for (int64_t d = 0; d < Dp; d += W) {
+        const vec<W> k = cpu::load_row<W>(key, d, c.len);
+        for (int i = 0; i < R; ++i) sum[i] += cpu::load<W>(b.q + i * Dp + d) * k;
+      }
+      for (int i = 0; i < R; ++i) dot[i][j] = sum[i];
     }
-  });
+    for (int64_t j = m; j < W; ++j) {
+      for (int i = 0; i < R; ++i) dot[i][j] = vec<W>{};
+    }
+    for (int i = 0; i < R; ++i) cpu::store(b.s + i * kKeyChunk + g, cpu::reduce_addN<W>(dot[i]));
+  }
 }
 
 #if SRT_ISA_LEVELS
@@ -235,11 +231,18 @@ SRT_SIMD_INLINE void score_keys(const Chunk<KT>& c, int64_t head, const RowBlock
 // past dim are loaded as zeros, never read), then the same tree over 16 keys at once,
 // then the score scale. The key is read where it lies, so a decode row (keys from the
 // pages) and a prefill row (keys from the pages too) get the same bits.
+//
+// The tree folds each key's sums as they come (cpu::AddTree, over the 16 keys unrolled)
+// instead of keeping 16 vectors per row for reduce_addN: those went through the stack,
+// and at head_dim 16 (one vdpbf16ps per key and row) the stores and reloads were most of
+// the scoring (64 decodes of the tiny preset: 161 -> 144 us a call). The float32 scores
+// keep reduce_addN: their 16 unrolled copies of the head_dim loop ran 25% slower at
+// head_dim 64 (bench/RESULTS.md).
 template <int R, typename VT>
 SRT_SIMD_INLINE void score_keys_bf16(const Chunk<cpu::bf16, VT>& c, int64_t head, const RowBlock& b, float scale) {
   constexpr int W = cpu::kWidthV4;
   const int64_t full = c.len - c.len % kDotLanes;
-  score_chunk<R, W>(c, head, b, scale, [&](const cpu::bf16* key, vec<W>* sum) SRT_SIMD_INLINE_LAMBDA {
+  const auto dot = [&](const cpu::bf16* key, vec<W>* sum) SRT_SIMD_INLINE_LAMBDA {
     for (int64_t d = 0; d < full; d += kDotLanes) {
       const cpu::vbf16 k = cpu::load_bf16_pairs(key + d);
       for (int i = 0; i < R; ++i) {
@@ -252,7 +255,17 @@ SRT_SIMD_INLINE void score_keys_bf16(const Chunk<cpu::bf16, VT>& c, int64_t head
         sum[i] = cpu::dot_bf16(sum[i], cpu::load_bf16_pairs(b.q_bf16 + i * b.dim_pairs + full), k);
       }
     }
-  });
+  };
+  for (int64_t g = 0; g < c.n; g += W) {
+    const int64_t m = std::min<int64_t>(W, c.n - g);
+    cpu::AddTree<W> tree[R];
+    cpu::unroll<W>([&](auto j) SRT_SIMD_INLINE_LAMBDA {
+      vec<W> sum[R] = {};
+      if (j < m) dot(c.k[g + j] + head, sum);
+      for (int i = 0; i < R; ++i) tree[i].template add<j>(sum[i]);
+    });
+    for (int i = 0; i < R; ++i) cpu::store(b.s + i * kKeyChunk + g, tree[i].sums() * scale);
+  }
 }
 #endif
 
