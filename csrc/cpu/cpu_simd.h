@@ -244,8 +244,6 @@ SRT_SIMD_INLINE void store_row(T* row, int64_t d, int64_t len, const vec<W>& v) 
     store_as<T, W>(row + d, v);
     return;
   }
-  T tail[W];
-  store_as<T, W>(tail, v);
 #if SRT_ISA_LEVELS
   if constexpr (W == 16) {  // one masked store (see load_partial)
     const auto mask = static_cast<__mmask16>((1u << (len - d)) - 1);
@@ -253,12 +251,14 @@ SRT_SIMD_INLINE void store_row(T* row, int64_t d, int64_t len, const vec<W>& v) 
       __builtin_ia32_storeups512_mask(row + d, v, mask);
     } else {
       typename VecTypes<W>::u16 bits;
-      std::memcpy(&bits, tail, sizeof(bits));
+      store_as<T, W>(reinterpret_cast<T*>(&bits), v);
       __builtin_ia32_storedquhi256_mask(reinterpret_cast<short*>(row + d), (__v16hi)bits, mask);
     }
     return;
   }
 #endif
+  T tail[W];
+  store_as<T, W>(tail, v);
   std::memcpy(row + d, tail, (len - d) * sizeof(T));
 }
 // Every lane rounded to T (as store_row stores it) and read back as float32: the
