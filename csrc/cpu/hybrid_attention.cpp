@@ -159,12 +159,12 @@ struct RowBlock {
         dim_pairs(t.dim_pairs) {}
 };
 
-// Online softmax for one row: keys before `first` (its sliding window's start) or at or
-// past `visible` (relative to the chunk) are masked. Turns the row's scores into
-// probabilities relative to the new running max, rescaling the row's accumulator only
-// when that max grew.
+// Online softmax for one row over the chunk's n keys: those before `first` (its sliding
+// window's start) or at or past `visible` (relative to the chunk) are masked. Turns the
+// row's scores into probabilities relative to the new running max, rescaling the row's
+// accumulator only when that max grew.
 template <int W>
-SRT_SIMD_INLINE void softmax_step(float* s, int64_t first, int64_t visible, float& m, float& l, float* acc,
+SRT_SIMD_INLINE void softmax_step(float* s, int64_t n, int64_t first, int64_t visible, float& m, float& l, float* acc,
                                   int64_t dim_padded) {
   // A key range this row cannot see (a slice of a split item, or one before its window):
   // at least one lane must be left, or the running max would stay at -inf.
@@ -173,14 +173,20 @@ SRT_SIMD_INLINE void softmax_step(float* s, int64_t first, int64_t visible, floa
     return;
   }
   const int32_t lo = static_cast<int32_t>(std::max<int64_t>(first, 0));
+  // Only the vectors holding the chunk's n keys: the rest would be masked to -inf and add
+  // exp2(-inf) = 0 to the sum, and accumulate_pv reads no key past the chunk's last (so a
+  // decode's last chunk of a few keys computes no 32 exponentials).
   constexpr int kVecs = kKeyChunk / W;
+  const int live = static_cast<int>(ceil_div(n, W));
   const vec<W> neg_inf = cpu::splat<W>(-std::numeric_limits<float>::infinity());
   vec<W> x[kVecs];
   vec<W> top = neg_inf;
   for (int h = 0; h < kVecs; ++h) {
-    const cpu::ivec<W> lane = cpu::iota<W>() + static_cast<int32_t>(h * W);
-    x[h] = (lane < static_cast<int32_t>(visible)) & (lane >= lo) ? cpu::load<W>(s + h * W) : neg_inf;
-    top = x[h] > top ? x[h] : top;
+    if (h < live) {
+      const cpu::ivec<W> lane = cpu::iota<W>() + static_cast<int32_t>(h * W);
+      x[h] = (lane < static_cast<int32_t>(visible)) & (lane >= lo) ? cpu::load<W>(s + h * W) : neg_inf;
+      top = x[h] > top ? x[h] : top;
+    }
   }
   const float chunk_max = cpu::reduce_max<W>(top);
   if (chunk_max > m) {
@@ -191,9 +197,11 @@ SRT_SIMD_INLINE void softmax_step(float* s, int64_t first, int64_t visible, floa
   }
   vec<W> sum{};
   for (int h = 0; h < kVecs; ++h) {
-    const vec<W> p = cpu::exp2_nonpositive<W>(x[h] - m);
-    cpu::store(s + h * W, p);
-    sum += p;
+    if (h < live) {
+      const vec<W> p = cpu::exp2_nonpositive<W>(x[h] - m);
+      cpu::store(s + h * W, p);
+      sum += p;
+    }
   }
   l += cpu::reduce_add<W>(sum);
 }
@@ -203,18 +211,27 @@ SRT_SIMD_INLINE void softmax_step(float* s, int64_t first, int64_t visible, floa
 // reduce_addN's tree (W keys at once), so a score's bits depend neither on the rows or
 // keys beside it nor on where its key was read. Lanes past the chunk's keys score 0
 // (softmax_step masks them).
-template <int R, int W, typename KT>
-SRT_SIMD_INLINE void score_keys(const Chunk<KT>& c, int64_t head, const RowBlock& b) {
-  const int64_t Dp = b.dim_padded;
+//
+// Only the vectors holding the row's len elements are read: the padding's products are
+// +0, which leaves a sum started at +0 as it is. Tail: len is not a multiple of W, and
+// its last vector is a partial load. The loop without one keeps no cold path whose call
+// would push the sums out of registers.
+template <int R, int W, bool Tail, typename KT>
+SRT_SIMD_INLINE void score_keys_of(const Chunk<KT>& c, int64_t head, const RowBlock& b) {
+  const int64_t Dp = b.dim_padded, full = c.len - c.len % W;
   for (int64_t g = 0; g < c.n; g += W) {
     vec<W> dot[R][W];
     const int64_t m = std::min<int64_t>(W, c.n - g);
     for (int64_t j = 0; j < m; ++j) {
       const KT* key = c.k[g + j] + head;
       vec<W> sum[R] = {};
-      for (int64_t d = 0; d < Dp; d += W) {
-        const vec<W> k = cpu::load_row<W>(key, d, c.len);
+      for (int64_t d = 0; d < full; d += W) {
+        const vec<W> k = cpu::load<W>(key + d);
         for (int i = 0; i < R; ++i) sum[i] += cpu::load<W>(b.q + i * Dp + d) * k;
+      }
+      if constexpr (Tail) {
+        const vec<W> k = cpu::load_partial<W>(key + full, c.len - full);
+        for (int i = 0; i < R; ++i) sum[i] += cpu::load<W>(b.q + i * Dp + full) * k;
       }
       for (int i = 0; i < R; ++i) dot[i][j] = sum[i];
     }
@@ -222,6 +239,14 @@ SRT_SIMD_INLINE void score_keys(const Chunk<KT>& c, int64_t head, const RowBlock
       for (int i = 0; i < R; ++i) dot[i][j] = vec<W>{};
     }
     for (int i = 0; i < R; ++i) cpu::store(b.s + i * kKeyChunk + g, cpu::reduce_addN<W>(dot[i]));
+  }
+}
+template <int R, int W, typename KT>
+SRT_SIMD_INLINE void score_keys(const Chunk<KT>& c, int64_t head, const RowBlock& b) {
+  if (c.len % W == 0) {
+    score_keys_of<R, W, false>(c, head, b);
+  } else {
+    score_keys_of<R, W, true>(c, head, b);
   }
 }
 
@@ -271,20 +296,45 @@ SRT_SIMD_INLINE void score_keys_bf16(const Chunk<cpu::bf16, VT>& c, int64_t head
 
 // acc[i] += sum_j p[i][j] v[j] over the chunk's keys in order, for the head whose value
 // rows start `head` elements into the chunk's.
+//
+// DB vectors of head_dim at a time, so each probability is broadcast once per DB vectors
+// of value, not once per vector (at AVX2's 8 lanes and head_dim 16 the broadcasts were a
+// third of the loop's instructions). R x DB accumulators, R broadcasts and a value fit
+// every level's registers at R = 4, DB = 2. Each lane still adds its keys in order, so
+// the bits are those of one vector at a time. As in score_keys, only the vectors holding
+// the row's len elements are read (the accumulator's lanes past them stay 0), and a
+// partial last one runs in a loop of its own (Tail).
+template <int R, int W, int DB, bool Tail, typename KT, typename VT>
+SRT_SIMD_INLINE void accumulate_pv_block(const Chunk<KT, VT>& c, int64_t head, const RowBlock& b, int64_t d) {
+  static_assert(!Tail || DB == 1, "a partial vector runs alone");
+  const int64_t Dp = b.dim_padded;
+  vec<W> a[R][DB];
+  for (int i = 0; i < R; ++i) {
+    for (int e = 0; e < DB; ++e) a[i][e] = cpu::load<W>(b.acc + i * Dp + d + e * W);
+  }
+  for (int64_t j = 0; j < c.n; ++j) {
+    // scalar * vector: one broadcast from memory per row (GCC 12 builds splat()'s
+    // vector lane by lane here once the rows' scores sit 32 floats apart)
+    float p[R];
+    for (int i = 0; i < R; ++i) p[i] = b.s[i * kKeyChunk + j];
+    for (int e = 0; e < DB; ++e) {
+      const VT* v = c.v[j] + head + d + e * W;
+      const vec<W> value = Tail ? cpu::load_partial<W>(v, c.len - d) : cpu::load<W>(v);
+      for (int i = 0; i < R; ++i) a[i][e] += p[i] * value;
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    for (int e = 0; e < DB; ++e) cpu::store(b.acc + i * Dp + d + e * W, a[i][e]);
+  }
+}
 template <int R, int W, typename KT, typename VT>
 SRT_SIMD_INLINE void accumulate_pv(const Chunk<KT, VT>& c, int64_t head, const RowBlock& b) {
-  const int64_t Dp = b.dim_padded;
-  for (int64_t d = 0; d < Dp; d += W) {
-    vec<W> a[R];
-    for (int i = 0; i < R; ++i) a[i] = cpu::load<W>(b.acc + i * Dp + d);
-    for (int64_t j = 0; j < c.n; ++j) {
-      const vec<W> value = cpu::load_row<W>(c.v[j] + head, d, c.len);
-      // scalar * vector: one broadcast from memory per row (GCC 12 builds splat()'s
-      // vector lane by lane here once the rows' scores sit 32 floats apart)
-      for (int i = 0; i < R; ++i) a[i] += b.s[i * kKeyChunk + j] * value;
-    }
-    for (int i = 0; i < R; ++i) cpu::store(b.acc + i * Dp + d, a[i]);
-  }
+  constexpr int DB = 2;
+  const int64_t full = c.len - c.len % W;
+  int64_t d = 0;
+  for (; d + DB * W <= full; d += DB * W) accumulate_pv_block<R, W, DB, false>(c, head, b, d);
+  for (; d < full; d += W) accumulate_pv_block<R, W, 1, false>(c, head, b, d);
+  if (full < c.len) accumulate_pv_block<R, W, 1, true>(c, head, b, full);
 }
 
 // One chunk for all rows of the item (per_head rows for each of its heads), in blocks of
@@ -323,7 +373,7 @@ SRT_SIMD_INLINE void attend_chunk(const Chunk<KT, VT>& c, int64_t per_head, int6
     }
   }
   for (int64_t r = 0; r < c.heads * per_head; ++r) {
-    softmax_step<W>(t.s.data() + r * kKeyChunk, t.first[r] - c.j0, t.visible[r] - c.j0, t.m[r], t.l[r],
+    softmax_step<W>(t.s.data() + r * kKeyChunk, c.n, t.first[r] - c.j0, t.visible[r] - c.j0, t.m[r], t.l[r],
                     t.acc.data() + r * Dp, Dp);
   }
   for (int64_t h = 0; h < c.heads; ++h) {
