@@ -320,11 +320,32 @@ template <int W, int Half>
 SRT_SIMD_INLINE vec<W> fold_pair(const vec<W>& a, const vec<W>& b) {
   return shuffle<W, Fold<W, Half, 0>>(a, b) + shuffle<W, Fold<W, Half, Half>>(a, b);
 }
+// reduce_addN at 8 lanes with the same adds, arranged so that only the first level crosses
+// the 128-bit halves of an AVX2 register. fold_pair's lane order needs two-source
+// permutes there, which AVX2 lacks (GCC built each from vpermd, blends and constants);
+// here the first level pairs v[k] with v[k + 4] ([v[k]'s 4 sums | v[k + 4]'s]) and the
+// other two are vshufps within each half, which leaves lane j holding v[j]'s sum. Every
+// add has the operands of fold_pair's tree (lanes 4 apart, then 2, then 1), so the same
+// bits.
+SRT_SIMD_INLINE vec<8> reduce_add8(const vec<8>* v) {
+  vec<8> x[4], y[2];
+  for (int k = 0; k < 4; ++k) {
+    x[k] = __builtin_shufflevector(v[k], v[k + 4], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(v[k], v[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+  for (int k = 0; k < 2; ++k) {
+    y[k] = __builtin_shufflevector(x[2 * k], x[2 * k + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+           __builtin_shufflevector(x[2 * k], x[2 * k + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  return __builtin_shufflevector(y[0], y[1], 0, 2, 8, 10, 4, 6, 12, 14) +
+         __builtin_shufflevector(y[0], y[1], 1, 3, 9, 11, 5, 7, 13, 15);
+}
 // reduce_add of W vectors at once: lane j of the result sums v[j]'s lanes, every sum in
 // the same fixed order (each level adds lanes Half apart, two vectors' worth per vector
 // add), in W - 1 vector adds instead of W separate trees with their scalar tails.
 template <int W, int Half = W / 2>
 SRT_SIMD_INLINE vec<W> reduce_addN(const vec<W>* v) {
+  if constexpr (W == 8 && Half == 4) return reduce_add8(v);
   vec<W> folded[Half];  // this level's vectors: W / 2, W / 4, ..., 1
   for (int k = 0; k < Half; ++k) folded[k] = fold_pair<W, Half>(v[2 * k], v[2 * k + 1]);
   if constexpr (Half == 1) {
