@@ -227,6 +227,17 @@ void silu_and_mul(uintptr_t x, uintptr_t out, int64_t num_tokens, int64_t interm
   launch(p, device, stream, &silu_and_mul_cpu, SRT_CUDA_LAUNCHER(silu_and_mul_cuda));
 }
 
+// CPU tensors only (ops.argmax_rows leaves CUDA ones to torch).
+void argmax_rows(uintptr_t x, uintptr_t out, int64_t num_tokens, int64_t n, int64_t x_stride, int dtype) {
+  ArgmaxParams p;
+  p.x = ptr<const void>(x);
+  p.out = ptr<int64_t>(out);
+  p.num_tokens = num_tokens;
+  p.n = n;
+  p.x_stride = x_stride;
+  p.dtype = static_cast<DType>(dtype);
+  launch(p, kCpu, 0, &argmax_rows_cpu, nullptr);
+}
 
 py::tuple plan_capacity(int64_t max_batch, int64_t max_tokens, int64_t num_q_heads, int64_t num_kv_heads,
                         int64_t num_ctas, int64_t kernel) {
@@ -436,6 +447,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("k_strides"), py::arg("dtype"), py::arg("device"), py::arg("stream"));
   m.def("silu_and_mul", &silu_and_mul, py::arg("x"), py::arg("out"), py::arg("num_tokens"), py::arg("intermediate"),
         py::arg("x_stride"), py::arg("out_stride"), py::arg("dtype"), py::arg("device"), py::arg("stream"));
+
+  m.def("argmax_rows", &argmax_rows, py::arg("x"), py::arg("out"), py::arg("num_tokens"), py::arg("n"),
+        py::arg("x_stride"), py::arg("dtype"));
 
   m.def("attention_plan_capacity", &plan_capacity, py::arg("max_batch"), py::arg("max_tokens"),
         py::arg("num_q_heads"), py::arg("num_kv_heads"), py::arg("num_ctas"), py::arg("kernel"),

@@ -165,6 +165,31 @@ def test_streamed_gemm_matches_float64_at_every_level(level: str, dtype: torch.d
     assert (out.double() - ref).abs().max().item() <= 2 * torch_err.item() + ATOL[dtype]
 
 
+# Values that tie, the infinities, both zeros and NaN: the cases where "the first index of
+# the largest value" is decided by the rule, not by the values.
+ARGMAX_PALETTE = [-float("inf"), -1.0, -0.0, 0.0, 1.0, 2.0, float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_rows_agrees_with_torch_at_every_level(level: str, dtype: torch.dtype) -> None:
+    """Rows of every width around the kernel's vectors (8 lanes, four at a time), drawn from
+    a few values so that ties and NaN land in every lane, vector and the tail; and rows of
+    normal logits up to a real vocabulary. The index must be torch.argmax's."""
+    g = torch.Generator().manual_seed(7)
+    palette = torch.tensor(ARGMAX_PALETTE)
+    for case in range(300):
+        width = int(torch.randint(1, 140, (), generator=g))
+        kinds = int(torch.randint(1, len(ARGMAX_PALETTE) + 1, (), generator=g))
+        values = palette[torch.randperm(len(ARGMAX_PALETTE), generator=g)[:kinds]]
+        x = values[torch.randint(0, kinds, (3, width), generator=g)].to(dtype)
+        assert torch.equal(ops.argmax_rows(x), x.argmax(dim=1)), (case, x)
+    for rows, width in [(1, 1), (64, 512), (5, 32000), (3, 49153)]:
+        x = torch.randn(rows, width, generator=g).to(dtype)
+        assert torch.equal(ops.argmax_rows(x), x.argmax(dim=1))
+        x[:, width // 3] = float("nan")  # one NaN wins wherever it is
+        assert torch.equal(ops.argmax_rows(x), torch.full((rows,), width // 3))
+
+
 def test_levels_are_ordered_and_read_from_the_flags() -> None:
     assert list(ISA_LEVELS)[:4] == KERNEL_LEVELS
     assert native_isa(set()) == "base" and native_isa(AVX2_HOST) == "avx2"

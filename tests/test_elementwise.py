@@ -254,3 +254,23 @@ def test_linear_bad_inputs_name_the_argument() -> None:
         ops.linear(x, w.half())
     with pytest.raises(ValueError, match="weight must have 2 dimensions"):
         ops.linear(x, w[None])
+
+
+def test_argmax_rows_takes_strided_rows_and_names_bad_inputs() -> None:
+    x = _randn(6, 300)
+    assert torch.equal(ops.argmax_rows(x[::2, 5:]), x[::2, 5:].argmax(dim=1))  # rows apart, starting inside
+    assert ops.argmax_rows(x[:0]).shape == (0,)
+    with pytest.raises(ValueError, match="x must have 2 dimensions"):
+        ops.argmax_rows(x[0])
+    with pytest.raises(TypeError, match="x must have dtype"):
+        ops.argmax_rows(x.to(torch.int32))
+    with pytest.raises(ValueError, match="x must be contiguous in its last dimension"):
+        ops.argmax_rows(x.T)
+    with pytest.raises(ValueError, match="x's rows must hold at least one value"):
+        ops.argmax_rows(x[:, :0])
+
+
+@requires_cuda
+def test_argmax_rows_on_cuda_is_torchs() -> None:
+    x = _randn(4, 1000, device="cuda")
+    assert torch.equal(ops.argmax_rows(x), x.argmax(dim=1))

@@ -2,6 +2,7 @@
 // math, one rounding to the storage dtype per stored value (plus the ones HF's RMSNorm
 // makes, which rms_norm reproduces on purpose).
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "cpu_simd.h"
@@ -119,6 +120,77 @@ SRT_SIMD_INLINE void silu_and_mul_row(const SiluAndMulParams& p, int64_t t) {
   }
 }
 
+// (v, i) beats (best, at) as torch.argmax ranks them: a NaN beats every number and, like
+// equal values, only a NaN or value of a lower index.
+SRT_SIMD_INLINE bool beats(float v, int64_t i, float best, int64_t at) {
+  if (std::isnan(best)) return std::isnan(v) && i < at;
+  return std::isnan(v) || v > best || (v == best && i < at);
+}
+
+// Row t's argmax, at the level's register width W: each lane keeps the first index of its
+// largest value (a later one replaces it only when strictly larger, or a NaN over a
+// number), then the lanes and the tail are ranked by `beats`. Four such (value, index)
+// vectors take turns, as one's compare-and-blend chain is several cycles a vector; any
+// of them may take any later vector, as its lanes still see increasing indices. torch's
+// argmax reads a row one element at a time: 24 us for 64 rows of 512 logits on one core,
+// 3% of a tiny decode step.
+template <typename T, int W>
+SRT_SIMD_INLINE void argmax_row(const ArgmaxParams& p, int64_t t) {
+  constexpr int kPairs = 4;
+  const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
+  float best = cpu::to_float(x[0]);
+  int64_t at = 0, i = 1;
+  if (p.n >= kPairs * W) {
+    vec<W> top[kPairs];
+    cpu::ivec<W> index[kPairs];
+    const auto update = [&](int a, int64_t from) SRT_SIMD_INLINE_LAMBDA {
+      const vec<W> v = cpu::load<W>(x + from);
+      const cpu::ivec<W> take = (v > top[a]) | ((v != v) & (top[a] == top[a]));
+      top[a] = cpu::select<W>(take, v, top[a]);
+      index[a] = (take & (cpu::iota<W>() + static_cast<int32_t>(from))) | (~take & index[a]);
+    };
+    for (int a = 0; a < kPairs; ++a) {
+      top[a] = cpu::load<W>(x + a * W);
+      index[a] = cpu::iota<W>() + a * W;
+    }
+    for (i = kPairs * W; i + kPairs * W <= p.n; i += kPairs * W) {
+      for (int a = 0; a < kPairs; ++a) update(a, i + a * W);
+    }
+    for (; i + W <= p.n; i += W) update(0, i);
+    // The winner among the lanes, without a branch per lane (ranking them one by one with
+    // `beats` cost more than the loop): the lowest index holding a NaN if any lane holds
+    // one, else the lowest holding the largest value.
+    cpu::ivec<W> nan = top[0] != top[0];
+    for (int a = 1; a < kPairs; ++a) nan |= top[a] != top[a];
+    bool any_nan = false;
+    for (int l = 0; l < W; ++l) any_nan |= nan[l] != 0;
+    cpu::ivec<W> wanted[kPairs];
+    if (any_nan) {
+      for (int a = 0; a < kPairs; ++a) wanted[a] = top[a] != top[a];
+    } else {
+      vec<W> largest = top[0];
+      for (int a = 1; a < kPairs; ++a) largest = cpu::select<W>(top[a] > largest, top[a], largest);
+      const vec<W> m = cpu::splat<W>(cpu::reduce_max<W>(largest));
+      for (int a = 0; a < kPairs; ++a) wanted[a] = top[a] == m;
+    }
+    const cpu::ivec<W> none = cpu::iota<W>() * 0 + std::numeric_limits<int32_t>::max();
+    cpu::ivec<W> lowest = none;
+    for (int a = 0; a < kPairs; ++a) {
+      const cpu::ivec<W> candidate = (wanted[a] & index[a]) | (~wanted[a] & none);
+      const cpu::ivec<W> lower = candidate < lowest;
+      lowest = (lower & candidate) | (~lower & lowest);
+    }
+    at = lowest[0];
+    for (int l = 1; l < W; ++l) at = std::min<int64_t>(at, lowest[l]);
+    best = cpu::to_float(x[at]);
+  }
+  for (; i < p.n; ++i) {
+    const float v = cpu::to_float(x[i]);
+    if (beats(v, i, best, at)) best = v, at = i;
+  }
+  p.out[t] = at;
+}
+
 template <template <typename> class Fn, typename P>
 void dispatch(const P& p) {
   switch (p.dtype) {
@@ -157,6 +229,17 @@ struct SiluAndMulFn {
   }
 };
 
+template <typename T>
+struct ArgmaxFn {
+  // At most 8 lanes: GCC 12 lowers the 16-lane compare-and-blend of argmax_row to scalar
+  // code in the AVX-512 clone (62 us for 64 rows of 512 logits, against 6 at 8 lanes).
+  template <int W>
+  struct Row {
+    static SRT_SIMD_INLINE void run(const ArgmaxParams& p, int64_t t) { argmax_row<T, (W < 8 ? W : 8)>(p, t); }
+  };
+  static void run(const ArgmaxParams& p) { cpu::for_each_token<Row>(p, p.num_tokens * p.n > kParallelElems); }
+};
+
 }  // namespace
 
 Status rms_norm_cpu(const RMSNormParams& p) {
@@ -188,6 +271,12 @@ Status silu_and_mul_cpu(const SiluAndMulParams& p) {
     return Status::Invalid("silu_and_mul: intermediate size must be positive, got " + std::to_string(p.intermediate));
   }
   dispatch<SiluAndMulFn>(p);
+  return Status::Ok();
+}
+
+Status argmax_rows_cpu(const ArgmaxParams& p) {
+  if (p.n <= 0) return Status::Invalid("argmax: rows must have at least one element, got " + std::to_string(p.n));
+  dispatch<ArgmaxFn>(p);
   return Status::Ok();
 }
 

@@ -51,6 +51,18 @@ struct SiluAndMulParams {
   DType dtype = DType::kFloat32;
 };
 
+// The greedy sampler's choice per row of logits [num_tokens, n]: the first index of the
+// largest value, a NaN counting as larger than any number (torch.argmax's rule). CPU only:
+// on CUDA torch's own reduction is already a fraction of a step.
+struct ArgmaxParams {
+  const void* x = nullptr;  // [num_tokens, n], rows x_stride elements apart
+  int64_t* out = nullptr;   // [num_tokens]
+  int64_t num_tokens = 0;
+  int64_t n = 0;
+  int64_t x_stride = 0;
+  DType dtype = DType::kFloat32;
+};
+
 // Shared by the CPU and CUDA paths so both apply the same rule.
 SRT_HOST_DEVICE bool rotary_position_ok(int64_t pos, int64_t max_position) {
   return pos >= 0 && pos < max_position;
@@ -59,6 +71,7 @@ SRT_HOST_DEVICE bool rotary_position_ok(int64_t pos, int64_t max_position) {
 Status rms_norm_cpu(const RMSNormParams& p);
 Status rotary_embedding_cpu(const RotaryParams& p);
 Status silu_and_mul_cpu(const SiluAndMulParams& p);
+Status argmax_rows_cpu(const ArgmaxParams& p);
 
 #if defined(SARATHI_RT_WITH_CUDA)
 Status rms_norm_cuda(const RMSNormParams& p, void* stream);

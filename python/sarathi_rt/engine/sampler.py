@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sarathi_rt.ops.elementwise import argmax_rows
 from sarathi_rt.utils.nvtx import nvtx_range
 
 from .outputs import TokenLogprob
@@ -98,7 +99,7 @@ class Sampler:
         with nvtx_range("sample"):
             raw = logits.float()
             logits = _apply_grammars(raw, rows)
-            tokens = logits.argmax(dim=1)
+            tokens = argmax_rows(logits)
             random_rows = [i for i, r in enumerate(rows) if not r.greedy]
             if random_rows:
                 index = torch.tensor(random_rows, device=logits.device)
