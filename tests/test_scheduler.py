@@ -351,3 +351,16 @@ def test_update_rejects_foreign_plan():
     s = make()
     with pytest.raises(ValueError, match="not in flight"):
         s.update(BatchPlan(step=99))
+
+
+@pytest.mark.parametrize("token, shown", [(True, "True"), (-1, "-1"), (1 << 63, str(1 << 63)), (2.0, "2.0"),
+                                          ("7", "'7'"), ([3, 1.5], "1.5")])
+def test_update_names_a_token_that_is_no_token_id_and_changes_nothing(token, shown):
+    s = make(enable_prefix_caching=True)
+    s.add_request("a", 4, 8)
+    s.add_request("b", 4, 8)
+    plan = s.schedule()
+    with pytest.raises(ValueError, match=rf"token_ids must map to ints in \[0, 2\*\*63\), got {shown}"):
+        s.update(plan, token_ids={"a": 5, "b": token})
+    assert s.update(plan, token_ids={"a": 5, "b": 6}) == []  # still in flight: a good update completes it
+    assert s.request_info("b").num_generated == 1

@@ -15,7 +15,7 @@ from .batch_plan import BatchPlan, PlanEntry, StepBuilder
 from .prefix_cache import PrefixCacheStats, block_hashes, next_block_hash
 from .qos import class_of
 from .registry import get_policy
-from .request import Request, RequestInfo, RequestStatus, generated_tokens
+from .request import Request, RequestInfo, RequestStatus
 from .drafting import Drafting
 from sarathi_rt.step_time import StepTimeModel
 from sarathi_rt.utils.checks import positive_int
@@ -172,10 +172,6 @@ class Scheduler(Drafting, ABC):
             if bad:
                 raise ValueError(f"token_ids names requests that sampled no token in this "
                                  f"plan: {sorted(map(repr, bad))}")
-            odd = [t for v in token_ids.values() for t in generated_tokens(v)
-                   if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 1 << 63]
-            if odd:
-                raise ValueError(f"token_ids must map to ints in [0, 2**63), got {odd[0]!r}")
         drafts = {e.request_id: e.num_draft for e in plan.entries if e.num_draft}
         accepted = self._check_accepted(accepted or {}, drafts, token_ids)
         del self._pending[plan.step]
@@ -200,8 +196,11 @@ class Scheduler(Drafting, ABC):
                     finished += self._fork(req, stopped, token_ids)
                 if req.key_tail is not None:
                     given = None if token_ids is None else token_ids.get(req.request_id)
-                    for token in generated_tokens(given):
-                        self._key_generated(req, token)
+                    if given is None or isinstance(given, int):  # checked above: else a list of ints
+                        self._key_generated(req, given)
+                    else:
+                        for token in given:
+                            self._key_generated(req, token)
                 if req.num_generated >= req.max_new_tokens or \
                         (stopped and req.request_id in stopped):
                     self._retire(req, RequestStatus.FINISHED)

@@ -129,15 +129,20 @@ class Drafting:
     def _check_accepted(accepted: Mapping[Hashable, int], drafts: Mapping[Hashable, int],
                         token_ids: Mapping[Hashable, int | Sequence[int]] | None) -> Mapping[Hashable, int]:
         """`accepted` checked against the plan's verifying entries (`drafts`: their
-        num_draft) and the tokens each generated."""
+        num_draft), and `token_ids` (its ids already checked) in the same pass: ints in
+        [0, 2**63), as many as each request generated."""
         for request_id, n in accepted.items():
             if request_id not in drafts:
                 raise ValueError(f"accepted names {request_id!r}, which verified no proposals in this plan")
             if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= drafts[request_id]:
                 raise ValueError(f"accepted[{request_id!r}] must be an int in [0, {drafts[request_id]}], got {n!r}")
         for request_id, given in (token_ids or {}).items():
+            tokens = generated_tokens(given)
+            for t in tokens:
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 1 << 63:
+                    raise ValueError(f"token_ids must map to ints in [0, 2**63), got {t!r}")
             want = accepted.get(request_id, 0) + 1 if request_id in drafts else 1
-            count = len(generated_tokens(given))
+            count = len(tokens)
             if count != want:
                 raise ValueError(f"token_ids[{request_id!r}] holds {count} tokens; the request generated {want}")
         return accepted
