@@ -120,8 +120,8 @@ SRT_SIMD_INLINE void silu_and_mul_row(const SiluAndMulParams& p, int64_t t) {
   }
 }
 
-// (v, i) beats (best, at) as torch.argmax ranks them: a NaN beats every number and, like
-// equal values, only a NaN or value of a lower index.
+// (v, i) beats (best, at) as torch.argmax ranks them: a NaN beats every number; between
+// two NaNs or two equal values the lower index wins.
 SRT_SIMD_INLINE bool beats(float v, int64_t i, float best, int64_t at) {
   if (std::isnan(best)) return std::isnan(v) && i < at;
   return std::isnan(v) || v > best || (v == best && i < at);
@@ -129,7 +129,8 @@ SRT_SIMD_INLINE bool beats(float v, int64_t i, float best, int64_t at) {
 
 // Row t's argmax, at the level's register width W: each lane keeps the first index of its
 // largest value (a later one replaces it only when strictly larger, or a NaN over a
-// number), then the lanes and the tail are ranked by `beats`. Four such (value, index)
+// number), then the lanes pick their winner and the tail is ranked against it by
+// `beats` (a row shorter than four vectors: all of it). Four such (value, index)
 // vectors take turns, as one's compare-and-blend chain is several cycles a vector; any
 // of them may take any later vector, as its lanes still see increasing indices. torch's
 // argmax reads a row one element at a time: 24 us for 64 rows of 512 logits on one core,
@@ -173,7 +174,7 @@ SRT_SIMD_INLINE void argmax_row(const ArgmaxParams& p, int64_t t) {
       const vec<W> m = cpu::splat<W>(cpu::reduce_max<W>(largest));
       for (int a = 0; a < kPairs; ++a) wanted[a] = top[a] == m;
     }
-    const cpu::ivec<W> none = cpu::iota<W>() * 0 + std::numeric_limits<int32_t>::max();
+    const cpu::ivec<W> none = cpu::ivec<W>{} + std::numeric_limits<int32_t>::max();
     cpu::ivec<W> lowest = none;
     for (int a = 0; a < kPairs; ++a) {
       const cpu::ivec<W> candidate = (wanted[a] & index[a]) | (~wanted[a] & none);
@@ -276,6 +277,9 @@ Status silu_and_mul_cpu(const SiluAndMulParams& p) {
 
 Status argmax_rows_cpu(const ArgmaxParams& p) {
   if (p.n <= 0) return Status::Invalid("argmax: rows must have at least one element, got " + std::to_string(p.n));
+  if (p.n > std::numeric_limits<int32_t>::max()) {  // the lanes keep their indices in int32
+    return Status::Invalid("argmax: rows of at most 2^31 - 1 elements, got " + std::to_string(p.n));
+  }
   dispatch<ArgmaxFn>(p);
   return Status::Ok();
 }
