@@ -345,13 +345,16 @@ SRT_SIMD_INLINE vec<8> reduce_add8(const vec<8>* v) {
 // add), in W - 1 vector adds instead of W separate trees with their scalar tails.
 template <int W, int Half = W / 2>
 SRT_SIMD_INLINE vec<W> reduce_addN(const vec<W>* v) {
-  if constexpr (W == 8 && Half == 4) return reduce_add8(v);
-  vec<W> folded[Half];  // this level's vectors: W / 2, W / 4, ..., 1
-  for (int k = 0; k < Half; ++k) folded[k] = fold_pair<W, Half>(v[2 * k], v[2 * k + 1]);
-  if constexpr (Half == 1) {
-    return folded[0];
+  if constexpr (W == 8 && Half == 4) {
+    return reduce_add8(v);
   } else {
-    return reduce_addN<W, Half / 2>(folded);
+    vec<W> folded[Half];  // this level's vectors: W / 2, W / 4, ..., 1
+    for (int k = 0; k < Half; ++k) folded[k] = fold_pair<W, Half>(v[2 * k], v[2 * k + 1]);
+    if constexpr (Half == 1) {
+      return folded[0];
+    } else {
+      return reduce_addN<W, Half / 2>(folded);
+    }
   }
 }
 // reduce_addN's tree built as its W inputs arrive in order: add<j>(v) takes input j and

@@ -15,7 +15,7 @@ from .batch_plan import BatchPlan, PlanEntry, StepBuilder
 from .prefix_cache import PrefixCacheStats, block_hashes, next_block_hash
 from .qos import class_of
 from .registry import get_policy
-from .request import Request, RequestInfo, RequestStatus
+from .request import Request, RequestInfo, RequestStatus, generated_tokens
 from .drafting import Drafting
 from sarathi_rt.step_time import StepTimeModel
 from sarathi_rt.utils.checks import positive_int
@@ -196,11 +196,8 @@ class Scheduler(Drafting, ABC):
                     finished += self._fork(req, stopped, token_ids)
                 if req.key_tail is not None:
                     given = None if token_ids is None else token_ids.get(req.request_id)
-                    if given is None or isinstance(given, int):  # checked above: else a list of ints
-                        self._key_generated(req, given)
-                    else:
-                        for token in given:
-                            self._key_generated(req, token)
+                    for token in generated_tokens(given):
+                        self._key_generated(req, token)
                 if req.num_generated >= req.max_new_tokens or \
                         (stopped and req.request_id in stopped):
                     self._retire(req, RequestStatus.FINISHED)
